@@ -1,0 +1,102 @@
+"""Acceptance math: pure functions over integer counts (no torch, no model).
+
+Definitions (EAGLE3.md section 5), for a chain of num_steps S over C cycles:
+- H[n]: cycles that accepted exactly n drafts, n = 0..S.
+- reached_i = #cycles that accepted >= i-1 drafts (draft position i was checked), i = 1..S.
+- accepted_i = #cycles that accepted >= i drafts.
+- conditional a_i = accepted_i / reached_i (EAGLE "n-alpha"), unconditional u_i = accepted_i / C
+  (vLLM per-position rate), so u_i = prod_{j<=i} a_j.
+- tau (accept length, bonus counted) = mean over cycles of (accepted + 1) = 1 + sum_i u_i.
+
+>>> c = AcceptanceCounts.from_accepted([0, 2, 3, 1], num_steps=3)
+>>> c.histogram, c.reached, c.accepted
+([1, 1, 1, 1], [4, 3, 2], [3, 2, 1])
+>>> c.tau
+2.5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def greedy_accept(drafts: list[int], target_argmax: list[int]) -> int:
+    """Accepted drafts of one chain cycle: d_i is accepted while d_i == target argmax at node i-1.
+
+    drafts [S], target_argmax [S+1] (argmax after root, d_1, ..., d_S).
+    >>> greedy_accept([5, 7, 9], [5, 7, 1, 4])
+    2
+    """
+    n = 0
+    for d, g in zip(drafts, target_argmax):
+        if d != g:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class AcceptanceCounts:
+    num_steps: int
+    histogram: list[int]            # [S+1]
+
+    @classmethod
+    def from_accepted(cls, accepted_per_cycle, num_steps: int) -> "AcceptanceCounts":
+        hist = [0] * (num_steps + 1)
+        for n in accepted_per_cycle:
+            if not 0 <= n <= num_steps:
+                raise ValueError(f"accepted drafts {n} outside 0..{num_steps}")
+            hist[n] += 1
+        return cls(num_steps, hist)
+
+    def merge(self, other: "AcceptanceCounts") -> "AcceptanceCounts":
+        if other.num_steps != self.num_steps:
+            raise ValueError("cannot merge counts of different num_steps")
+        return AcceptanceCounts(self.num_steps, [a + b for a, b in zip(self.histogram, other.histogram)])
+
+    @property
+    def cycles(self) -> int:
+        return sum(self.histogram)
+
+    @property
+    def accepted_drafts(self) -> int:
+        return sum(n * h for n, h in enumerate(self.histogram))
+
+    @property
+    def accepted(self) -> list[int]:
+        """accepted_i for i = 1..S: cycles with >= i accepted drafts."""
+        return [sum(self.histogram[i:]) for i in range(1, self.num_steps + 1)]
+
+    @property
+    def reached(self) -> list[int]:
+        """reached_i for i = 1..S: cycles with >= i-1 accepted drafts."""
+        return [sum(self.histogram[i - 1:]) for i in range(1, self.num_steps + 1)]
+
+    @property
+    def tau(self) -> float | None:
+        c = self.cycles
+        return (c + self.accepted_drafts) / c if c else None
+
+    @property
+    def mean_accepted_drafts(self) -> float | None:
+        c = self.cycles
+        return self.accepted_drafts / c if c else None
+
+    def per_position(self) -> list[dict]:
+        c = self.cycles
+        return [{"position": i + 1, "reached": r, "accepted": a,
+                 "conditional_rate": a / r if r else None,
+                 "unconditional_rate": a / c if c else None}
+                for i, (r, a) in enumerate(zip(self.reached, self.accepted))]
+
+
+def speedup(unconditional_rates, cost_ratio: float, verify_ratio: float = 1.0) -> float:
+    """Modelled speedup over plain decoding for num_steps k = len(rates) (EAGLE3.md section 5):
+    S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), c = T_draft_step / T_target_step,
+    r(k) = T_verify(k+1 tokens) / T_target(1 token).
+
+    >>> round(speedup([0.8, 0.6], cost_ratio=0.1, verify_ratio=1.0), 4)
+    2.0
+    """
+    k = len(unconditional_rates)
+    return (1.0 + sum(unconditional_rates)) / (k * cost_ratio + verify_ratio)

@@ -1,0 +1,216 @@
+"""The Python API: `load_oracle(config)` and `evaluate(config)`; the CLI and test suites call these.
+
+Contract: this is the only module that wires the stages together:
+load (target, head, prompts) -> capture -> draft -> verify -> record -> report.
+Every setting that was resolved here (aux layers in all conventions, embedding table, vocab map,
+steps/topk/draft tokens really used) is returned in `Oracle.resolved` and echoed in every report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eagle_eval.capture import resolve_aux_layers
+from eagle_eval.chain import Speculator, speculative_decode
+from eagle_eval.config import ConfigError, RunConfig
+from eagle_eval.data import load_prompts
+from eagle_eval.greedy import first_divergence, plain_greedy
+from eagle_eval.head_io import load_head
+from eagle_eval.records import Prompt, SampleRecord, append_jsonl, read_jsonl
+from eagle_eval.report import build_report, write_report
+
+log = logging.getLogger("eagle_eval")
+
+SGLANG_TOPK1_MESSAGE = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
+                        "when speculative_eagle_topk == 1")
+
+
+def resolve_speculative(num_steps: int, topk: int, num_draft_tokens: int | None) -> tuple[int, list[str]]:
+    """num_draft_tokens as SGLang would use it, and the warnings SGLang would log."""
+    notes = []
+    if topk == 1:
+        if num_draft_tokens is not None and num_draft_tokens != num_steps + 1:
+            notes.append(f"{SGLANG_TOPK1_MESSAGE}: --num-draft-tokens {num_draft_tokens} -> {num_steps + 1}")
+        return num_steps + 1, notes
+    raise ConfigError(f"--topk {topk}: tree drafting (topk > 1) is not implemented yet; use --topk 1")
+
+
+def _resolve_dtype(dtype: str) -> str:
+    if dtype != "auto":
+        return dtype
+    return "bf16" if torch.cuda.is_available() else "fp32"
+
+
+@dataclass
+class Oracle:
+    """A loaded target + head with every setting resolved; decodes prompts with the reference loop."""
+    config: RunConfig
+    speculator: Speculator
+    tokenizer: object
+    eos_ids: set[int]
+    resolved: dict
+    warnings: list[str] = field(default_factory=list)
+
+    def decode(self, prompt: Prompt, check_lossless: bool | None = None) -> SampleRecord:
+        cfg = self.config
+        d = speculative_decode(self.speculator, prompt.input_ids, cfg.num_steps, cfg.max_new_tokens,
+                               self.eos_ids)
+        rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
+                           output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
+                           emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
+        if cfg.check_lossless if check_lossless is None else check_lossless:
+            target = self.speculator.target
+            greedy = plain_greedy(target, prompt.input_ids, cfg.max_new_tokens, self.eos_ids)
+            rec.divergence = first_divergence(target, prompt.input_ids, d.output_ids, greedy)
+            rec.lossless = rec.divergence is None
+        return rec
+
+
+def _eos_ids(tokenizer, model) -> set[int]:
+    ids = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for e in (gen_eos, getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(e, int):
+            ids.add(e)
+        elif isinstance(e, (list, tuple)):
+            ids.update(int(i) for i in e)
+    return ids
+
+
+def _choose_embedding(choice: str, loaded, target) -> tuple[object, str]:
+    """(embedding module, which table) following --draft-embedding (vLLM's rule for `auto`)."""
+    head = loaded.head
+    target_table = target.model.get_input_embeddings()
+    own = head.embed_tokens
+    compatible = tuple(target_table.weight.shape) == (head.config.vocab_size, head.config.hidden_size)
+    if choice == "own" or (choice == "auto" and own is not None):
+        if own is None:
+            raise ConfigError(f"--draft-embedding own: {loaded.weights_file} has no 'embed_tokens.weight'")
+        same = compatible and torch.equal(own.weight.detach().cpu().to(target_table.weight.dtype),
+                                          target_table.weight.detach().cpu())
+        if choice == "own" or not same:
+            return own, "draft (own embed_tokens in the checkpoint)"
+    if not compatible:
+        raise ConfigError(
+            f"{loaded.path}: the target's embedding table is {list(target_table.weight.shape)} but the head "
+            f"needs [{head.config.vocab_size}, {head.config.hidden_size}] and has no embed_tokens of its own")
+    return target_table, "target (the target's embed_tokens)"
+
+
+def load_oracle(config: RunConfig) -> Oracle:
+    from eagle_eval.target import load_target
+
+    notes = []
+    num_draft_tokens, spec_notes = resolve_speculative(config.num_steps, config.topk, config.num_draft_tokens)
+    notes += spec_notes
+    dtype = _resolve_dtype(config.dtype)
+    target, tokenizer = load_target(config.target, dtype=dtype, device_map=config.device_map,
+                                    max_memory=config.max_memory, trust_remote_code=config.trust_remote_code)
+    loaded = load_head(config.draft)
+    head = loaded.head
+    if head.config.vocab_size != target.info.vocab_size:
+        raise ConfigError(f"{loaded.path}/config.json: vocab_size={head.config.vocab_size} but the target "
+                          f"{config.target} has {target.info.vocab_size} output logits")
+    if head.config.target_hidden_size != target.info.hidden_size:
+        raise ConfigError(f"{loaded.path}/config.json: target_hidden_size={head.config.target_hidden_size} "
+                          f"but the target's hidden_size is {target.info.hidden_size}")
+    aux = resolve_aux_layers(target.num_layers, head.config.num_aux, config.aux_layers, config.aux_convention,
+                             loaded.aux_ids_sglang, loaded.aux_ids_vllm)
+    draft_device = target.output_device
+    head.to(device=draft_device, dtype=target.model.dtype)
+    table, table_name = _choose_embedding(config.draft_embedding, loaded, target)
+    table_device = table.weight.device
+    dtype_t = head.lm_head.weight.dtype
+
+    def embed(ids: torch.Tensor) -> torch.Tensor:
+        return table(ids.to(table_device)).to(draft_device, dtype_t)
+
+    reduced = head.config.draft_vocab_size < head.config.vocab_size
+    d2t_identity = bool((head.d2t == 0).all())
+    if reduced and d2t_identity:
+        notes.append(f"{loaded.weights_file}: d2t is all zeros (identity) on a reduced draft vocab "
+                     f"({head.config.draft_vocab_size} < {head.config.vocab_size}): draft ids map to "
+                     "the first target ids, which is almost certainly wrong")
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    resolved = {
+        "num_steps": config.num_steps, "topk": config.topk, "num_draft_tokens": num_draft_tokens,
+        "num_draft_tokens_given": config.num_draft_tokens,
+        "aux_layers": aux.as_dict(),
+        "embedding": table_name,
+        "vocab_map": {"draft_vocab_size": head.config.draft_vocab_size, "vocab_size": head.config.vocab_size,
+                      "d2t": "checkpoint" if loaded.d2t_in_checkpoint else "none (full vocab)",
+                      "d2t_identity": d2t_identity},
+        "head": {"path": loaded.path, "dialect": loaded.dialect, "weights": loaded.weights_file,
+                 "norm_before_residual": head.config.norm_before_residual,
+                 "rope_theta": head.config.rope_theta, "rope_scaling": head.config.rope_scaling},
+        "target": {**target.info.__dict__, "devices": list(target.info.devices)},
+        "draft_device": str(draft_device),
+        "dtype": dtype,
+        "position_offset": config.position_offset,
+        "accept_length_definition": "mean over verify cycles of (accepted drafts + 1), bonus counted",
+    }
+    spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf,
+                      position_offset=config.position_offset)
+    return Oracle(config=config, speculator=spec, tokenizer=tokenizer,
+                  eos_ids=_eos_ids(tokenizer, target.model), resolved=resolved, warnings=notes)
+
+
+@dataclass
+class RunResult:
+    report: dict
+    samples: list[SampleRecord]
+
+
+def _check_resume(out: Path, config: RunConfig) -> None:
+    saved_file = out / "run_config.json"
+    if not saved_file.is_file():
+        raise ConfigError(f"--resume: {saved_file} does not exist (nothing to resume)")
+    saved = json.loads(saved_file.read_text())
+    now = config.as_dict()
+    diff = {k: (saved.get(k), now[k]) for k in now
+            if k not in RunConfig.RESUMABLE and saved.get(k) != now[k]}
+    if diff:
+        lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+        raise ConfigError(f"--resume: the configuration differs from {saved_file} ({lines})")
+
+
+def evaluate(config: RunConfig, progress: bool = True) -> RunResult:
+    """Run the reference loop over the prompts; with output_dir, write samples.jsonl as it goes."""
+    from tqdm import tqdm
+
+    torch.manual_seed(config.seed)
+    out = Path(config.output_dir) if config.output_dir else None
+    done: list[SampleRecord] = []
+    if out is not None:
+        samples_file = out / "samples.jsonl"
+        if config.resume:
+            _check_resume(out, config)
+            if samples_file.is_file():
+                done = [SampleRecord.from_json(r) for r in read_jsonl(samples_file)]
+                samples_file.write_text("".join(json.dumps(s.to_json()) + "\n" for s in done))
+        elif samples_file.is_file() and samples_file.stat().st_size:
+            raise ConfigError(f"{samples_file} already holds results: pass --resume to continue that run, "
+                              "or choose another --output-dir")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run_config.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n")
+    oracle = load_oracle(config)
+    prompts = load_prompts(config.prompts, oracle.tokenizer, config.limit)
+    finished = {s.id for s in done}
+    todo = [p for p in prompts if p.id not in finished]
+    samples = list(done)
+    for prompt in tqdm(todo, desc="prompts", unit="prompt", disable=not progress):
+        rec = oracle.decode(prompt)
+        samples.append(rec)
+        if out is not None:
+            append_jsonl(out / "samples.jsonl", rec.to_json())
+    report = build_report(config, oracle.resolved, samples, oracle.warnings, sample_prompt=prompts[0])
+    if out is not None:
+        write_report(out / "report.json", report)
+    return RunResult(report=report, samples=samples)

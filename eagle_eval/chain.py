@@ -1,0 +1,91 @@
+"""The reference greedy speculative loop (chain: topk = 1), one prompt at a time.
+
+Contract: `speculative_decode` returns exactly the tokens plain greedy decoding returns (up to
+floating-point near-ties, which `greedy.first_divergence` reports), plus the accepted drafts of each
+verify forward. Each cycle (EAGLE3.md section 4): the draft proposes S tokens from its last real pair;
+the target verifies [root, d_1..d_S] in one forward; the longest matching prefix is accepted plus one
+bonus token; the target cache is rolled back to the verified prefix; the draft is re-run on the
+target features of (root + accepted) paired with (accepted + bonus). Nothing is recomputed over the
+whole prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle_eval.capture import FeatureCapture
+from eagle_eval.draft import DraftState, EmbedFn
+from eagle_eval.heads import Eagle3Head
+from eagle_eval.target import Target
+from eagle_eval.verify import verify_chain
+
+
+@dataclass
+class Decoded:
+    output_ids: list[int] = field(default_factory=list)
+    accepted_per_cycle: list[int] = field(default_factory=list)
+    emitted_per_cycle: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Speculator:
+    """Everything the loop needs besides the prompt."""
+    target: Target
+    head: Eagle3Head
+    embed: EmbedFn                 # token ids -> draft-side embeddings (target's or draft's table)
+    aux_hf: tuple[int, ...]        # resolved aux layers (HF indices)
+    position_offset: int = 0       # 1 reproduces SGLang's draft positions before PR #25015
+
+    @property
+    def draft_device(self):
+        return self.head.lm_head.weight.device
+
+
+def _emit(out: Decoded, tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
+    """Append tokens, cut at max_new_tokens or after EOS; return True when decoding is finished."""
+    added = 0
+    for tok in tokens:
+        if len(out.output_ids) >= max_new_tokens:
+            break
+        out.output_ids.append(tok)
+        added += 1
+        if tok in eos_ids:
+            out.emitted_per_cycle.append(added)
+            return True
+    out.emitted_per_cycle.append(added)
+    return len(out.output_ids) >= max_new_tokens
+
+
+@torch.no_grad()
+def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, max_new_tokens: int,
+                       eos_ids: set[int]) -> Decoded:
+    target, device = spec.target, spec.draft_device
+    out = Decoded()
+    if max_new_tokens <= 0:
+        return out
+    cache = target.new_cache()
+    draft = DraftState(spec.head, spec.embed, spec.position_offset)
+    prompt = torch.tensor([prompt_ids], device=device)                 # [1, T]
+    with FeatureCapture(target.layers, spec.aux_hf, device) as capture:
+        logits = target.forward(prompt, cache)                         # prefill
+        aux = capture.pop()                                            # [1, T, k*H_t]
+        first = int(logits[0, -1].argmax())
+        out.output_ids.append(first)
+        if first in eos_ids or max_new_tokens == 1:
+            return out
+        # real pairs 0..T-1: (feature of x_t, token x_{t+1}), the last one pairing with the first new token
+        draft.extend(aux, torch.cat([prompt[:, 1:], torch.tensor([[first]], device=device)], dim=1))
+        root = first
+        while True:
+            drafts = draft.propose_chain(num_steps)                    # [S]
+            v = verify_chain(target, cache, capture, root, drafts)
+            n = v.accepted
+            new_tokens = drafts[:n].tolist() + [v.bonus]
+            out.accepted_per_cycle.append(n)
+            if _emit(out, new_tokens, max_new_tokens, eos_ids):
+                return out
+            draft.extend(v.aux, torch.tensor([new_tokens], device=device))
+            assert draft.real_len == Target.cache_len(cache), "draft and target caches out of step"
+            root = v.bonus

@@ -1,0 +1,148 @@
+"""Reports: counts -> report.json (versioned schema, provenance) and the terminal table.
+
+Contract: every figure is derived here from the integer counts in the sample records, and carries
+its definition (EAGLE3.md section 5). Nothing here touches a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from eagle_eval.acceptance import AcceptanceCounts
+from eagle_eval.records import SampleRecord
+
+SCHEMA_VERSION = 1
+
+DEFINITIONS = {
+    "accept_length": "tau: mean over verify cycles of (accepted drafts + 1); bonus counted "
+                     "(SGLang log 'accept len', vLLM 'mean acceptance length', EAGLE tau)",
+    "mean_accepted_drafts": "mean over verify cycles of accepted drafts; bonus not counted (= tau - 1)",
+    "spec_accept_length": "per request completion_tokens / verify cycles, averaged over requests "
+                          "(SGLang meta_info.spec_accept_length; counts the prefill token)",
+    "conditional_rate": "a_i = P(draft i accepted | drafts 1..i-1 accepted) = accepted_i / reached_i "
+                        "(EAGLE n-alpha)",
+    "unconditional_rate": "u_i = P(>= i drafts accepted) = accepted_i / cycles (vLLM per-position rate)",
+    "histogram": "H[n] = verify cycles that accepted exactly n drafts, n = 0..num_steps",
+    "identity": "tau = 1 + sum_i u_i and u_i = prod_{j<=i} a_j",
+}
+
+
+def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
+    """summary + per_position + histogram from the samples' counts."""
+    counts = AcceptanceCounts(num_steps, [0] * (num_steps + 1))
+    for s in samples:
+        counts = counts.merge(AcceptanceCounts.from_accepted(s.accepted_per_cycle, num_steps))
+    per_request = [s.spec_accept_length for s in samples if s.spec_accept_length is not None]
+    checked = [s.lossless for s in samples if s.lossless is not None]
+    return {
+        "summary": {
+            "prompts": len(samples),
+            "cycles": counts.cycles,
+            "accepted_drafts": counts.accepted_drafts,
+            "emitted_tokens": sum(len(s.output_ids) for s in samples),
+            "accept_length": counts.tau,
+            "mean_accepted_drafts": counts.mean_accepted_drafts,
+            "spec_accept_length": sum(per_request) / len(per_request) if per_request else None,
+            # False if any checked prompt diverged; True only when every prompt was checked
+            "lossless": False if not all(checked) else (True if samples and len(checked) == len(samples) else None),
+            "lossless_checked": len(checked),
+        },
+        "per_position": counts.per_position(),
+        "histogram": counts.histogram,
+    }
+
+
+def provenance(seed: int) -> dict:
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "accelerate", "safetensors", "datasets"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            versions[name] = None
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        versions["eagle_eval"] = version("eagle-eval")
+    except PackageNotFoundError:
+        versions["eagle_eval"] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
+    return {"git_commit": commit, "versions": versions, "device": device,
+            "cuda_devices": torch.cuda.device_count(), "seed": seed,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": sys.argv}
+
+
+def build_report(config, resolved: dict, samples: list[SampleRecord], warnings: list[str],
+                 sample_prompt=None) -> dict:
+    body = summarize(samples, resolved["num_steps"])
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": {**config.as_dict(), **resolved},
+        **body,
+        "definitions": DEFINITIONS,
+        "warnings": list(warnings),
+        "sample_prompt": sample_prompt.text if sample_prompt is not None else None,
+        "provenance": provenance(config.seed),
+    }
+
+
+def write_report(path: Path, report: dict) -> None:
+    """Write atomically: a crash never leaves half a report."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _fmt(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def render_table(report: dict) -> str:
+    cfg, s = report["config"], report["summary"]
+    aux = cfg["aux_layers"]
+    lines = [
+        f"target  {cfg['target']['path']}  ({cfg['target']['architecture']}, {cfg['target']['num_layers']} layers, "
+        f"{cfg['dtype']}, {', '.join(cfg['target']['devices'])})",
+        f"draft   {cfg['head']['path']}  ({cfg['head']['dialect']} layout)",
+        f"aux layers  HF {aux['hf']}  = SGLang ids {aux['sglang']}  = vLLM ids {aux['vllm']}  [{aux['source']}]",
+        f"embedding   {cfg['embedding']}",
+        f"vocab map   draft {cfg['vocab_map']['draft_vocab_size']} / target {cfg['vocab_map']['vocab_size']}, "
+        f"d2t {cfg['vocab_map']['d2t']}{' (identity)' if cfg['vocab_map']['d2t_identity'] else ''}",
+        f"speculative num_steps={cfg['num_steps']} topk={cfg['topk']} num_draft_tokens={cfg['num_draft_tokens']}"
+        f"  max_new_tokens={cfg['max_new_tokens']}",
+        "",
+        f"prompts {s['prompts']}  cycles {s['cycles']}  emitted tokens {s['emitted_tokens']}",
+        f"accept length tau (mean accepted+1 per cycle)        {_fmt(s['accept_length'])}",
+        f"mean accepted drafts per cycle (tau - 1)             {_fmt(s['mean_accepted_drafts'])}",
+        f"SGLang spec_accept_length (completion/verify, mean)  {_fmt(s['spec_accept_length'])}",
+        f"lossless vs plain greedy                             "
+        f"{'not checked' if s['lossless'] is None and not s['lossless_checked'] else s['lossless']}"
+        f" ({s['lossless_checked']} checked)",
+        "",
+        " pos   reached  accepted   a_i (cond.)   u_i (uncond.)",
+    ]
+    for p in report["per_position"]:
+        lines.append(f" {p['position']:>3}  {p['reached']:>8}  {p['accepted']:>8}   {_fmt(p['conditional_rate']):>11}"
+                     f"   {_fmt(p['unconditional_rate']):>13}")
+    lines.append("")
+    lines.append("histogram H[n] (cycles accepting exactly n drafts): " +
+                 "  ".join(f"{n}:{h}" for n, h in enumerate(report["histogram"])))
+    for w in report.get("warnings", []):
+        lines.append(f"WARNING: {w}")
+    return "\n".join(lines)

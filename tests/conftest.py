@@ -1,0 +1,32 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fixtures import make_head, make_target, write_prompts  # noqa: E402
+
+torch.set_num_threads(1)   # tiny models: threads only add overhead (and CI has 2 cores)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """A random 8-layer Llama target, a SpecForge-layout head with a reduced vocab, and prompts."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": make_target(root / "target"),
+        "head": make_head(root / "head", draft_vocab=40),
+        "prompts": write_prompts(root / "prompts.jsonl"),
+        "root": root,
+    }

@@ -1,0 +1,91 @@
+"""Tiny models built from configs for the tests: targets of several families, heads of each layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 96
+
+
+def make_tokenizer(vocab_size: int = VOCAB):
+    """A word-level tokenizer over 'w0'..'wN' plus specials, with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
+    words = specials + [f"w{i}" for i in range(vocab_size - len(specials))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    return fast
+
+
+def make_target(path: Path, family: str = "llama", num_layers: int = 8, hidden: int = 48, seed: int = 0,
+                eos_token_id: int | None = None) -> Path:
+    """Save a random tiny causal LM (fp32) and a tokenizer to `path`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1,
+                  eos_token_id=eos_token_id if eos_token_id is not None else 2, pad_token_id=0)
+    if family == "llama":
+        cfg = AutoConfig.for_model("llama", **common)
+    elif family == "qwen3":
+        cfg = AutoConfig.for_model("qwen3", head_dim=12, **common)
+    elif family == "qwen2":
+        cfg = AutoConfig.for_model("qwen2", **common)
+    elif family == "deepseek_v3":
+        cfg = AutoConfig.for_model(
+            "deepseek_v3", **{**common, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4,
+            num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
+            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, n_group=1, topk_group=1, rope_scaling=None)
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
+def head_config(target_hidden: int = 48, hidden: int = 48, draft_vocab: int = VOCAB, **kw):
+    from eagle_eval.heads import HeadConfig
+
+    return HeadConfig(hidden_size=hidden, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                      intermediate_size=64, vocab_size=VOCAB, draft_vocab_size=draft_vocab,
+                      target_hidden_size=target_hidden, **kw)
+
+
+def make_head(path: Path, dialect: str = "specforge", seed: int = 1, aux_ids_sglang=None,
+              draft_vocab: int = VOCAB, with_embedding: bool = False, **kw) -> Path:
+    from eagle_eval.head_io import save_head, vocab_map_from_used
+    from eagle_eval.heads import Eagle3Head
+
+    torch.manual_seed(seed)
+    head = Eagle3Head(head_config(draft_vocab=draft_vocab, **kw), with_embedding=with_embedding)
+    for p in head.parameters():        # visible weights so that drafts depend on the inputs
+        torch.nn.init.normal_(p, std=0.3) if p.dim() > 1 else None
+    if draft_vocab < VOCAB:
+        used = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:draft_vocab]
+        d2t, t2d = vocab_map_from_used(used, VOCAB)
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+    save_head(head, path, aux_layer_ids_sglang=aux_ids_sglang, dialect=dialect)
+    return path
+
+
+def write_prompts(path: Path, n: int = 4, length: int = 6, seed: int = 0) -> Path:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        ids = [1] + (torch.randint(5, VOCAB, (length + i,), generator=g)).tolist()
+        rows.append({"id": f"p{i}", "category": "cat" + str(i % 2), "input_ids": ids})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
