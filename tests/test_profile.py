@@ -1,0 +1,87 @@
+"""The teacher-forced profile reproduces the reference loop exactly, for every num_steps."""
+
+import json
+
+import pytest
+
+from eagle_eval import api
+from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.data import DataError, load_prompts
+from eagle_eval.greedy import plain_greedy
+from eagle_eval.profile import greedy_continuations
+from fixtures import make_target, train_head, write_prompts
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny target and a head trained on its greedy outputs: acceptance in between 0 and 1."""
+    root = tmp_path_factory.mktemp("trained")
+    target = make_target(root / "target", seed=3)
+    prompts = write_prompts(root / "prompts.jsonl", n=6, seed=1)
+    head = train_head(target, root / "head", prompts, steps=40, num_steps=3)
+    return RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def profiled(trained):
+    return api.profile(ProfileConfig(run=trained, max_steps=8, batch_tokens=120), progress=False)
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 3, 5, 8])
+def test_profile_equals_loop(trained, profiled, num_steps):
+    loop = api.evaluate(RunConfig(**{**trained.as_dict(), "num_steps": num_steps, "aux_layers": None}),
+                        progress=False)
+    section = profiled.report["by_num_steps"][str(num_steps)]
+    for a, b in zip(loop.samples, profiled.samples):
+        assert a.id == b.id and a.output_ids == b.output_ids
+        assert a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"][str(num_steps)]
+    assert section["per_position"] == loop.report["per_position"]
+    assert section["histogram"] == loop.report["histogram"]
+    assert section["summary"] == loop.report["summary"]
+
+
+def test_profile_is_not_trivial(profiled):
+    """The equality above means something only if acceptance is neither 0 nor 1 everywhere."""
+    rates = [p["conditional_rate"] for p in profiled.report["by_num_steps"]["3"]["per_position"]]
+    assert 0.1 < rates[0] < 0.95 and rates[0] > 0
+
+
+def test_batched_continuations_equal_batch_one_greedy(trained):
+    oracle = api.load_oracle(trained)
+    prompts = [p.input_ids for p in load_prompts(trained.prompts, oracle.tokenizer)]
+    batched = greedy_continuations(oracle.speculator, prompts, 20, pad_id=0, batch_tokens=90)
+    for p, cont in zip(prompts, batched):
+        assert cont == plain_greedy(oracle.speculator.target, p, 20, set())
+
+
+def test_responses_file_round_trip_and_divergence(trained, profiled, tmp_path):
+    rows = [{"id": s.id, "output_ids": s.output_ids} for s in profiled.samples]
+    bad = next(i for i, r in enumerate(rows) if len(r["output_ids"]) > 10)
+    rows[bad]["output_ids"][5] = (rows[bad]["output_ids"][5] + 1) % 96     # not the target's greedy token
+    path = tmp_path / "responses.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = api.profile(ProfileConfig(run=trained, max_steps=8, responses=str(path)), progress=False)
+    div = res.report["response_divergences"]
+    assert len(div) == 1 and div[0]["id"] == rows[bad]["id"] and div[0]["position"] == 5
+    assert div[0]["continuation_token"] == rows[bad]["output_ids"][5] and div[0]["margin"] > 0
+    # the profile then follows the target's greedy sequence, so it equals the generated one
+    assert res.report["by_num_steps"] == profiled.report["by_num_steps"]
+
+
+def test_missing_response_is_an_error(trained, tmp_path):
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps({"id": "nope", "output_ids": [5, 6]}) + "\n")
+    with pytest.raises(DataError, match="no response for prompt id"):
+        api.profile(ProfileConfig(run=trained, max_steps=2, responses=str(path)), progress=False)
+
+
+def test_profile_outputs(trained, tmp_path):
+    out = tmp_path / "prof"
+    run = RunConfig(**{**trained.as_dict(), "output_dir": str(out), "aux_layers": None})
+    api.profile(ProfileConfig(run=run, max_steps=4), progress=False)
+    report = json.loads((out / "profile.json").read_text())
+    assert sorted(report["by_num_steps"]) == ["1", "2", "3", "4"]
+    for section in report["by_num_steps"].values():
+        assert {"summary", "per_position", "histogram"} <= set(section)
+    row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert len(row["run_lengths"]) == 32 and sorted(row["accepted_per_cycle_by_num_steps"]) == ["1", "2", "3", "4"]
