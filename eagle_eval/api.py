@@ -223,6 +223,7 @@ def evaluate(config: RunConfig, progress: bool = True) -> RunResult:
 class ProfileResult:
     report: dict                       # holds by_num_steps {"1": {summary, per_position, histogram}, ...}
     samples: list[SampleRecord]        # rows carry run_lengths and accepted_per_cycle_by_num_steps
+    oracle: Oracle | None = None
 
 
 def _read_responses(path: str, prompts: list[Prompt], tokenizer) -> list[list[int]]:
@@ -245,7 +246,7 @@ def _read_responses(path: str, prompts: list[Prompt], tokenizer) -> list[list[in
     return out
 
 
-def profile(pcfg, progress: bool = True) -> ProfileResult:
+def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> ProfileResult:
     """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps."""
     from tqdm import tqdm
 
@@ -254,7 +255,7 @@ def profile(pcfg, progress: bool = True) -> ProfileResult:
 
     cfg, k_max = pcfg.run, pcfg.max_steps
     torch.manual_seed(cfg.seed)
-    oracle = load_oracle(cfg)
+    oracle = oracle or load_oracle(cfg)
     spec, tok = oracle.speculator, oracle.tokenizer
     prompts = load_prompts(cfg.prompts, tok, cfg.limit)
     need = cfg.max_new_tokens + k_max
@@ -298,7 +299,7 @@ def profile(pcfg, progress: bool = True) -> ProfileResult:
         out.mkdir(parents=True, exist_ok=True)
         (out / "samples.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in samples))
         write_report(out / "profile.json", report)
-    return ProfileResult(report=report, samples=samples)
+    return ProfileResult(report=report, samples=samples, oracle=oracle)
 
 
 def _complete(spec, prompt: Prompt, cont: list[int], need: int, pad: int) -> list[int]:
@@ -315,3 +316,50 @@ def _record(p, d) -> SampleRecord:
     return SampleRecord(id=p.prompt.id, category=p.prompt.category, prompt_len=len(p.prompt.input_ids),
                         output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
                         emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
+
+
+def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms: tuple | None = None,
+           progress: bool = True) -> dict:
+    """Profile the base config and each `--vary` variant; tabulate tau and modelled speedup per
+    num_steps. server_ms = (draft step ms, target step ms) measured on the user's server."""
+    from dataclasses import replace as _replace
+
+    from eagle_eval import ablate as abl
+    from eagle_eval.report import provenance, write_report
+
+    run = _replace(base.run, output_dir=None, resume=False)
+    named = [("base", {})] + [abl.parse_variant(v) for v in variants]
+    rows, sections, costs = [], [], None
+    for name, overrides in named:
+        res = profile(_replace(base, run=abl.apply(run, overrides)), progress=progress)
+        if costs is None:
+            costs = (abl.Costs(cost_ratio, {}, "given (--cost-ratio; r(k) = 1)") if cost_ratio is not None
+                     else abl.measure_costs(res.oracle, base.max_steps))
+        server = (abl.Costs(server_ms[0] / server_ms[1], {}, "server step times (r(k) = 1)")
+                  if server_ms else None)
+        mine = abl.variant_rows(name, res.report, costs, server)
+        rows += mine
+        sections.append({"variant": name, "overrides": {k: list(v) if isinstance(v, tuple) else v
+                                                        for k, v in overrides.items()},
+                         "aux_layers": res.report["config"]["aux_layers"],
+                         "best_num_steps": abl.best_num_steps(mine),
+                         "best_num_steps_server": abl.best_num_steps(mine, "speedup_server") if server else None,
+                         "by_num_steps": res.report["by_num_steps"]})
+    result = {"schema_version": 1, "config": base.as_dict(),
+              "costs": {"cost_ratio": costs.cost_ratio, "verify_ratio": {str(k): v for k, v in costs.verify_ratio.items()},
+                        "source": costs.source, "times_ms": costs.times_ms,
+                        "server_ms": {"draft_step": server_ms[0], "target_step": server_ms[1]} if server_ms else None},
+              "speedup_model": "S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), c = T_draft_step / T_target_step, "
+                               "r(k) = T_verify(k+1 tokens) / T_target(1 token)",
+              "variants": sections, "rows": rows, "provenance": provenance(run.seed)}
+    if base.run.output_dir:
+        out = Path(base.run.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_report(out / "ablation.json", result)
+        abl.write_csv(out / "ablation.csv", rows)
+        try:
+            abl.plot(out / "ablation.png", rows)
+        except ConfigError as exc:          # matplotlib is an optional extra
+            result["warnings"] = [f"ablation.png not written: {exc}"]
+            write_report(out / "ablation.json", result)
+    return result

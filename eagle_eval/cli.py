@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from eagle_eval.config import BUNDLED_DRAFT, BUNDLED_PROMPTS, BUNDLED_TARGET, DTYPE_CHOICES, \
-    EMBEDDING_CHOICES, ConfigError, RunConfig, parse_ids
+from eagle_eval.config import BUNDLED_DRAFT, BUNDLED_PROMPTS, BUNDLED_TARGET, DATASET_FORMATS, DTYPE_CHOICES, \
+    EMBEDDING_CHOICES, ConfigError, RunConfig, parse_ids, parse_names
 
 
 def model_options(f):
@@ -37,18 +37,39 @@ def model_options(f):
         click.option("--device-map", default="auto", show_default=True, help="auto | cpu | cuda:N"),
         click.option("--max-memory", default=None, help="Per device, e.g. 0=70GiB,1=70GiB,cpu=100GiB"),
         click.option("--trust-remote-code", is_flag=True, default=False),
-        click.option("--limit", type=int, default=None, help="Evaluate the first N prompts only."),
+        click.option("--limit", type=int, default=None,
+                     help="Evaluate the first N questions only (after --categories and --shuffle-seed)."),
         click.option("--position-offset", type=click.IntRange(0, 1), default=0, show_default=True,
                      help="1 reproduces SGLang's draft positions before PR #25015 (p+k+1)."),
         click.option("--seed", type=int, default=0, show_default=True),
+        *data_options(),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
+def data_options() -> list:
+    """Dataset and prompt-format options (issue 6), one to one with RunConfig fields."""
+    return [
+        click.option("--dataset", default=None,
+                     help="Benchmark .jsonl/.json/.parquet file or save_to_disk folder; replaces --prompts."),
+        click.option("--dataset-format", type=click.Choice(DATASET_FORMATS), default=None,
+                     help="Default: detected from the columns (echoed in the report)."),
+        click.option("--categories", default=None, help="Keep these categories, e.g. writing,coding."),
+        click.option("--shuffle-seed", type=int, default=None, help="Shuffle the questions (seeded) before --limit."),
+        click.option("--no-chat-template", is_flag=True, default=False,
+                     help="Raw text prompts even when the tokenizer has a chat template."),
+        click.option("--chat-template", default=None, help="Jinja chat template FILE instead of the tokenizer's."),
+        click.option("--system-prompt", default=None, help="System message put before every conversation."),
+        click.option("--enable-thinking/--disable-thinking", default=None,
+                     help="Pass enable_thinking=True/False to the chat template (default: not passed)."),
+    ]
+
+
 def build_config(**kw) -> RunConfig:
     kw["aux_layers"] = parse_ids(kw.get("aux_layers"))
+    kw["categories"] = parse_names(kw.get("categories"))
     return RunConfig(**kw)
 
 
@@ -84,6 +105,136 @@ def run(**kw):
         click.echo(f"\nwrote {config.output_dir}/report.json and {config.output_dir}/samples.jsonl")
     if result.report["summary"]["lossless"] is False:
         sys.exit(1)
+
+
+@main.command("report")
+@click.argument("results", nargs=-1, required=True)
+@click.option("--markdown", is_flag=True, default=False, help="Markdown tables instead of the terminal table.")
+@click.option("--csv", "csv_path", default=None, help="Write the per-group acceptance CSV here.")
+@click.option("--plot", "plot_path", default=None,
+              help="Write a PNG: per-position acceptance curves and tau by category (needs matplotlib).")
+def report_command(results, markdown, csv_path, plot_path):
+    """Re-render saved results (report.json files or run folders) without loading a model;
+    with two results, also their differences, flagging those beyond sampling noise."""
+    from eagle_eval import compare
+    from eagle_eval.data import DataError
+
+    try:
+        loaded = [compare.load_result(p) for p in results]
+        click.echo(compare.render_results(loaded, markdown=markdown))
+        if csv_path:
+            from eagle_eval.tables import write_csv
+            labelled = len(loaded) > 1                         # a `result` column only when there are several
+            write_csv(csv_path, [(r.label if labelled else None, r.report) for r in loaded])
+            click.echo(f"\nwrote {csv_path}")
+        if plot_path:
+            from eagle_eval.plot import plot_results
+            plot_results(loaded, plot_path)
+            click.echo(f"wrote {plot_path}")
+    except (DataError, ConfigError) as exc:
+        fail(str(exc))
+
+
+def profile_options(f):
+    for opt in reversed([
+        click.option("--max-steps", type=int, default=8, show_default=True,
+                      help="Profile every num_steps from 1 to this (one target forward per prompt)."),
+        click.option("--responses", default=None,
+                     help="JSONL continuations (`output_ids` or `text`, by `id`), e.g. saved from a server at "
+                          "temperature 0; checked against the target's argmax."),
+        click.option("--batch-tokens", type=int, default=16384, show_default=True,
+                     help="Padded tokens per teacher-forced batch (bounds memory)."),
+        click.option("--output-dir", default=None),
+    ]):
+        f = opt(f)
+    return f
+
+
+def build_profile_config(max_steps, responses, batch_tokens, **kw):
+    from eagle_eval.config import ProfileConfig
+    return ProfileConfig(run=build_config(**kw), max_steps=max_steps, responses=responses,
+                         batch_tokens=batch_tokens)
+
+
+@main.command("profile")
+@model_options
+@profile_options
+def profile_command(**kw):
+    """Exact acceptance for every num_steps <= --max-steps from one teacher-forced pass."""
+    from eagle_eval import api
+    from eagle_eval.errors import USER_ERRORS
+    from eagle_eval.report import render_steps_table
+
+    try:
+        result = api.profile(build_profile_config(**kw))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    click.echo(render_steps_table(result.report))
+    if kw["output_dir"]:
+        click.echo(f"\nwrote {kw['output_dir']}/profile.json and {kw['output_dir']}/samples.jsonl")
+
+
+@main.command("ablate")
+@model_options
+@profile_options
+@click.option("--vary", multiple=True, metavar="FIELD=VALUE[;FIELD=VALUE]",
+              help="A variant to profile besides the base, e.g. --vary aux_layers=0,3,6 --vary dtype=bf16 "
+                   "--vary no_chat_template=true (repeatable).")
+@click.option("--cost-ratio", type=float, default=None,
+              help="c = T_draft_step / T_target_step; default: timed on this device.")
+@click.option("--server-draft-ms", type=float, default=None, help="Your server's draft step time (ms).")
+@click.option("--server-target-ms", type=float, default=None, help="Your server's target decode step time (ms).")
+def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, **kw):
+    """Tau, per-position rates and modelled speedup over num_steps and other axes."""
+    from eagle_eval import api
+    from eagle_eval.errors import USER_ERRORS
+    from eagle_eval.report import render_ablation
+
+    if (server_draft_ms is None) != (server_target_ms is None):
+        fail("--server-draft-ms and --server-target-ms go together")
+    server = (server_draft_ms, server_target_ms) if server_draft_ms is not None else None
+    try:
+        result = api.ablate(build_profile_config(**kw), list(vary), cost_ratio, server)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    click.echo(render_ablation(result))
+    if kw["output_dir"]:
+        click.echo(f"\nwrote ablation.json, ablation.csv and ablation.png to {kw['output_dir']}")
+
+
+@main.command("server-check")
+@model_options
+@click.option("--backend", type=click.Choice(["sglang", "vllm"]), required=True)
+@click.option("--url", default=None, help="The running server, http://HOST:PORT.")
+@click.option("--tolerance", type=float, default=0.05, show_default=True,
+              help="Relative tolerance on the aggregate acceptance figure.")
+@click.option("--tie-margin", type=float, default=0.1, show_default=True,
+              help="A divergence where the target's logit margin is below this is numerics, not a bug.")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds per HTTP request.")
+@click.option("--retries", type=int, default=2, show_default=True,
+              help="Retries on connection errors and HTTP 502/503/504.")
+@click.option("--served-model-name", default=None, help="vLLM: the `model` field (default: first of /v1/models).")
+@click.option("--metrics-settle", type=float, default=0.2, show_default=True,
+              help="vLLM: seconds between /metrics reads until two agree.")
+@click.option("--sglang-log", default=None, help="SGLang server log covering this workload: compare its accept len.")
+@click.option("--hypotheses/--no-hypotheses", default=True, show_default=True,
+              help="When acceptance disagrees, rank the usual wiring faults by how well each reproduces it.")
+@click.option("--output-dir", default=None, help="Write server_check.json here.")
+def server_check_command(**kw):
+    """Compare a running SGLang/vLLM server with the oracle: tokens, acceptance, settings.
+    Exit 0 = agree, 1 = disagree, 2 = error, 3 = incomplete (a field the check needs is missing)."""
+    from eagle_eval.errors import USER_ERRORS
+    from eagle_eval.server_check import ServerCheckConfig, render_server_check, run_server_check
+
+    check_kw = {k: kw.pop(k) for k in ServerCheckConfig.field_names()}
+    try:
+        result = run_server_check(build_config(**kw), ServerCheckConfig(**check_kw), progress=True)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    click.echo(render_server_check(result.report))
+    if check_kw["output_dir"]:
+        click.echo(f"\nwrote {check_kw['output_dir']}/server_check.json")
+    sys.exit(result.exit_status)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ def render_messages(tokenizer, messages, where: str) -> str:
         raise DataError(f"{where}: chat template failed on 'messages' ({exc})") from exc
 
 
-def tokenize_row(row: dict, tokenizer, where: str) -> tuple[list[int], str | None]:
+def tokenize_row(row: dict, tokenizer, where: str, fmt=None) -> tuple[list[int], str | None]:
+    """fmt: a templates.PromptFormat for `messages` rows (None = the tokenizer's own template)."""
     if "input_ids" in row:
         ids = row["input_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
@@ -38,8 +39,10 @@ def tokenize_row(row: dict, tokenizer, where: str) -> tuple[list[int], str | Non
         if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
                                                  for m in msgs):
             raise DataError(f"{where}: key 'messages' must be a list of {{'role', 'content'}} objects")
-        text = render_messages(tokenizer, msgs, where)
-        return tokenizer(text, add_special_tokens=False)["input_ids"], text
+        if fmt is None:
+            text = render_messages(tokenizer, msgs, where)
+            return tokenizer(text, add_special_tokens=False)["input_ids"], text
+        return fmt.encode_chat(tokenizer, msgs, where)
     if "prompt" in row:
         if not isinstance(row["prompt"], str) or not row["prompt"]:
             raise DataError(f"{where}: key 'prompt' must be a non-empty string")

@@ -28,6 +28,7 @@ class SampleRecord:
     accepted_per_cycle: list[int]      # accepted drafts of each verify forward, in order
     emitted_per_cycle: list[int]       # tokens each cycle added to output_ids (accepted + 1 unless cut)
     verify_count: int
+    turn: int = 1                      # conversation turn (MT-Bench style: turn 2 follows the turn-1 answer)
     lossless: bool | None = None       # None: not checked
     divergence: dict | None = None     # first mismatch with plain greedy decoding
     extra: dict = field(default_factory=dict)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from eagle_eval.acceptance import AcceptanceCounts
 from eagle_eval.records import SampleRecord
+from eagle_eval.tables import render_groups
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +60,22 @@ def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
     }
 
 
+def group_summaries(samples: list[SampleRecord], num_steps: int) -> dict:
+    """by_category and by_turn: `summarize` over each subset of the samples (keys are strings)."""
+    out = {}
+    for name, key in (("by_category", lambda s: s.category), ("by_turn", lambda s: str(s.turn))):
+        subsets: dict[str, list[SampleRecord]] = {}
+        for s in samples:
+            subsets.setdefault(key(s), []).append(s)
+        out[name] = {k: summarize(v, num_steps) for k, v in sorted(subsets.items(), key=lambda kv: _order(kv[0]))}
+    return out
+
+
+def _order(key: str):
+    """Turns numerically, categories by name."""
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
+
+
 def provenance(seed: int) -> dict:
     import torch
 
@@ -92,6 +109,7 @@ def build_report(config, resolved: dict, samples: list[SampleRecord], warnings: 
         "schema_version": SCHEMA_VERSION,
         "config": {**config.as_dict(), **resolved},
         **body,
+        **group_summaries(samples, resolved["num_steps"]),
         "definitions": DEFINITIONS,
         "warnings": list(warnings),
         "sample_prompt": sample_prompt.text if sample_prompt is not None else None,
@@ -143,6 +161,43 @@ def render_table(report: dict) -> str:
     lines.append("")
     lines.append("histogram H[n] (cycles accepting exactly n drafts): " +
                  "  ".join(f"{n}:{h}" for n, h in enumerate(report["histogram"])))
+    groups = render_groups(report)
+    if groups:
+        lines += ["", groups]
     for w in report.get("warnings", []):
         lines.append(f"WARNING: {w}")
+    return "\n".join(lines)
+
+
+def render_steps_table(profile_report: dict) -> str:
+    """One line per num_steps from a profile: tau and the per-position unconditional rates."""
+    sections = sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0]))
+    k = int(sections[-1][0])
+    aux = profile_report["config"]["aux_layers"]
+    lines = [f"aux layers HF {aux['hf']} = SGLang ids {aux['sglang']} = vLLM ids {aux['vllm']}; "
+             f"embedding {profile_report['config']['embedding']}",
+             " S    cycles    tau    " + "  ".join(f"u_{i:<3}" for i in range(1, k + 1))]
+    for s, sec in sections:
+        u = [p["unconditional_rate"] for p in sec["per_position"]]
+        lines.append(f"{s:>2}  {sec['summary']['cycles']:>8}  {_fmt(sec['summary']['accept_length'])}  "
+                     + "  ".join(_fmt(x) for x in u))
+    lines.append("tau = mean (accepted + 1) per cycle; u_i = P(>= i drafts accepted)")
+    for d in profile_report.get("response_divergences", []):
+        lines.append(f"WARNING: response {d['id']} departs from the target's argmax at position "
+                     f"{d['position']} (margin {d['margin']:.3f}); profiled the greedy sequence from there")
+    return "\n".join(lines)
+
+
+def render_ablation(result: dict) -> str:
+    costs = result["costs"]
+    lines = [f"cost ratio c = {costs['cost_ratio']:.4f} ({costs['source']}); {result['speedup_model']}",
+             f"{'variant':<28} {'S':>2} {'tau':>6} {'speedup':>8}" +
+             (f" {'server':>7}" if costs.get("server_ms") else "")]
+    for r in result["rows"]:
+        lines.append(f"{r['variant'][:28]:<28} {r['num_steps']:>2} {_fmt(r['tau']):>6} {r['speedup_model']:>8.3f}" +
+                     (f" {r['speedup_server']:>7.3f}" if "speedup_server" in r else ""))
+    for v in result["variants"]:
+        extra = (f", {v['best_num_steps_server']} with server step times" if v.get("best_num_steps_server") else "")
+        lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup){extra}")
+    lines += [f"WARNING: {w}" for w in result.get("warnings", [])]
     return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""Ablations: acceptance and modelled speedup over num_steps (one profile) and over re-run axes.
+
+Contract: a variant is the base RunConfig with some fields replaced (`--vary FIELD=VALUE`); each
+variant costs one profile, which gives every num_steps <= max_steps at once. The speedup model is
+EAGLE3.md section 5: S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), with c and r(k) timed on the
+current device (`measure_costs`) or given.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+
+from eagle_eval.acceptance import speedup
+from eagle_eval.config import ConfigError, RunConfig, parse_ids
+
+
+@dataclass(frozen=True)
+class Costs:
+    """c = T_draft_step / T_target_step and r(k) = T_verify(k+1 tokens) / T_target(1 token)."""
+    cost_ratio: float
+    verify_ratio: dict                 # k -> r(k)
+    source: str                        # "measured on DEVICE" or "given (--cost-ratio)"
+    times_ms: dict | None = None
+
+    def r(self, k: int) -> float:
+        return self.verify_ratio.get(k, 1.0)
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'aux_layers=0,3,6' -> ('aux_layers=0,3,6', {'aux_layers': (0, 3, 6)}); several with ';'."""
+    overrides = {}
+    types = {f.name: f.type for f in fields(RunConfig)}
+    for part in text.split(";"):
+        if "=" not in part:
+            raise ConfigError(f"--vary {text!r}: expected FIELD=VALUE (e.g. aux_layers=0,3,6 or dtype=bf16)")
+        key, value = (s.strip() for s in part.split("=", 1))
+        key = key.replace("-", "_")
+        if key not in types or key in ("output_dir", "resume", "prompts", "target", "draft", "seed"):
+            raise ConfigError(f"--vary {key!r}: not an ablation axis; use a field of `run` such as "
+                              "aux_layers, aux_convention, dtype, max_new_tokens, draft_embedding, position_offset")
+        overrides[key] = _parse_value(key, types[key], value)
+    return text, overrides
+
+
+def _parse_value(key: str, type_name: str, value: str):
+    if key == "aux_layers":
+        return parse_ids(value)
+    if "bool" in str(type_name):
+        if value.lower() not in ("true", "false", "1", "0", "on", "off"):
+            raise ConfigError(f"--vary {key}={value}: expected true or false")
+        return value.lower() in ("true", "1", "on")
+    if "int" in str(type_name) and "None" not in str(type_name).split("|")[0]:
+        try:
+            return int(value)
+        except ValueError as exc:
+            raise ConfigError(f"--vary {key}={value}: expected an integer") from exc
+    return None if value.lower() == "none" else value
+
+
+@torch.no_grad()
+def measure_costs(oracle, max_steps: int, context: int = 128, reps: int = 5) -> Costs:
+    """Time one target token, verify forwards of k+1 tokens and one draft step, side by side."""
+    spec = oracle.speculator
+    target, head = spec.target, spec.head
+    device = spec.draft_device
+    vocab = target.info.vocab_size
+    ids = torch.randint(0, vocab, (1, context))
+    cache = target.new_cache()
+    target.forward(ids, cache)
+
+    def timed(fn) -> float:
+        samples = []
+        for _ in range(reps + 1):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples[1:]) * 1e3        # first call is a warm-up
+
+    def verify(n):
+        target.forward(torch.randint(0, vocab, (1, n)), cache)
+        target.rollback(cache, context)
+
+    from eagle_eval.draft import DraftState
+    state = DraftState(head, spec.embed)
+    state.extend(torch.randn(1, context, head.config.num_aux * head.config.target_hidden_size,
+                             device=device, dtype=head.lm_head.weight.dtype),
+                 torch.randint(0, vocab, (1, context), device=device))
+    token = torch.randint(0, vocab, (1, 1), device=device)
+    position = torch.tensor([[context]], device=device)
+
+    def draft_step():              # one head forward + lm_head + argmax, as in each decode step
+        out = head.step(spec.embed(token), state.last_out, position, state.cache)
+        head.logits(out).argmax(-1)
+        state.cache.rollback(context)
+
+    t_target = timed(lambda: verify(1))
+    t_verify = {k: timed(lambda k=k: verify(k + 1)) for k in range(1, max_steps + 1)}
+    t_draft = timed(draft_step)
+    return Costs(cost_ratio=t_draft / t_target, verify_ratio={k: v / t_target for k, v in t_verify.items()},
+                 source=f"measured on {device}",
+                 times_ms={"target_1_token": t_target, "draft_step": t_draft,
+                           "verify": {str(k): v for k, v in t_verify.items()}})
+
+
+def variant_rows(name: str, profile_report: dict, costs: Costs, server: Costs | None) -> list[dict]:
+    rows = []
+    for s, section in sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0])):
+        k = int(s)
+        u = [p["unconditional_rate"] or 0.0 for p in section["per_position"]]
+        a = [p["conditional_rate"] for p in section["per_position"]]
+        row = {"variant": name, "num_steps": k, "tau": section["summary"]["accept_length"],
+               "cycles": section["summary"]["cycles"], "accepted_drafts": section["summary"]["accepted_drafts"],
+               "speedup_model": speedup(u, costs.cost_ratio, costs.r(k))}
+        if server is not None:
+            row["speedup_server"] = speedup(u, server.cost_ratio, server.r(k))
+        row.update({f"u_{i + 1}": v for i, v in enumerate(u)})
+        row.update({f"a_{i + 1}": v for i, v in enumerate(a)})
+        rows.append(row)
+    return rows
+
+
+def best_num_steps(rows: list[dict], key: str = "speedup_model") -> int:
+    return max(rows, key=lambda r: r[key])["num_steps"]
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(path: Path, rows: list[dict]) -> None:
+    from eagle_eval.plot import _pyplot
+
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, name in enumerate(dict.fromkeys(r["variant"] for r in rows)):
+        mine = [r for r in rows if r["variant"] == name]
+        xs = [r["num_steps"] for r in mine]
+        ax1.plot(xs, [r["tau"] for r in mine], "o-", color=f"C{k}", label=name)
+        ax2.plot(xs, [r["speedup_model"] for r in mine], "o-", color=f"C{k}", label=name)
+        if "speedup_server" in mine[0]:
+            ax2.plot(xs, [r["speedup_server"] for r in mine], "s--", color=f"C{k}", label=f"{name} (server times)")
+    ax1.set(xlabel="num_steps", ylabel="tau (accepted + 1 per cycle)", title="accept length")
+    ax2.set(xlabel="num_steps", ylabel="modelled speedup", title="S(k) = (1 + sum u_i) / (k c + r(k))")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def apply(base: RunConfig, overrides: dict) -> RunConfig:
+    return replace(base, **overrides)

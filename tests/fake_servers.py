@@ -1,0 +1,180 @@
+"""A local HTTP server (127.0.0.1 only) that speaks SGLang's or vLLM's wire format, backed by an
+eagle_eval oracle, with switchable faults. Started and stopped by the tests through `serve()`.
+
+Faults that change the decoding itself are injected by building the server's oracle from a changed
+RunConfig (see test_server_check.py); the faults here change what goes over the wire:
+
+| fault | effect |
+|---|---|
+| `draft_tokens_info` | /get_server_info reports speculative_num_draft_tokens = 8 with topk 1 (no adjustment) |
+| `non_greedy` | output token 3 is the target's LEAST likely token there |
+| `no_verify_ct` | meta_info without any spec_* field (speculative decoding off) |
+| `http_500` | /generate and /v1/completions answer HTTP 500 |
+| `malformed_json` | they answer 200 with a body that is not JSON |
+| `slow` | they answer after 3 s |
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+from eagle_eval.acceptance import AcceptanceCounts
+from eagle_eval.records import Prompt
+
+FAULTS = ("draft_tokens_info", "non_greedy", "no_verify_ct", "http_500", "malformed_json", "slow")
+
+
+class Engine:
+    def __init__(self, oracle, backend: str, fault: str | None = None, log_path=None, log_interval: int = 10):
+        assert fault is None or fault in FAULTS, fault
+        self.oracle, self.backend, self.fault = oracle, backend, fault
+        self.num_steps = oracle.config.num_steps
+        self.lock = threading.Lock()
+        self.log_path, self.log_interval = log_path, log_interval
+        self.window = [0, 0]                     # accepted tokens incl. bonus, verify steps
+        self.total = [0, 0]
+        self.requests = 0
+        if backend == "vllm":
+            from prometheus_client import CollectorRegistry, Counter
+            self.registry = CollectorRegistry()
+            labels = ["model_name", "engine"]
+            self.counters = {name: Counter(f"vllm:spec_decode_num_{name}", name, labels, registry=self.registry)
+                             for name in ("drafts", "draft_tokens", "accepted_tokens")}
+            self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "per pos", labels + ["position"],
+                                   registry=self.registry)
+            for name in self.counters:           # vLLM registers the series at start-up
+                self.counters[name].labels("fake-model", "0")
+            for i in range(self.num_steps):
+                self.per_pos.labels("fake-model", "0", str(i))
+
+    def decode(self, input_ids: list[int], max_new_tokens: int):
+        with self.lock:
+            oracle = self.oracle
+            if max_new_tokens != oracle.config.max_new_tokens:
+                from dataclasses import replace
+                oracle = replace(oracle, config=replace(oracle.config, max_new_tokens=max_new_tokens))
+            rec = oracle.decode(Prompt(id=f"r{self.requests}", category="x", input_ids=list(input_ids)))
+            self.requests += 1
+            out = list(rec.output_ids)
+            if self.fault == "non_greedy" and len(out) > 3:
+                logits = oracle.speculator.target.forward(torch.tensor([list(input_ids) + out[:3]]), None)
+                out[3] = int(logits[0, -1].argmin())
+            self._account(rec)
+            return rec, out
+
+    def _account(self, rec):
+        for n in rec.accepted_per_cycle:
+            self.window[0] += n + 1
+            self.window[1] += 1
+            self.total[0] += n + 1
+            self.total[1] += 1
+            if self.window[1] == self.log_interval and self.log_path is not None:
+                tau = self.window[0] / self.window[1]
+                with open(self.log_path, "a") as f:
+                    f.write(f"[2026-05-01 10:00:00] Decode batch, #running-req: 1, #token: 64, token usage: 0.00, "
+                            f"accept len: {tau:.2f}, accept rate: {(tau - 1) / self.num_steps:.2f}, "
+                            "cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 0, \n")
+                self.window = [0, 0]
+        if self.backend == "vllm":
+            c = AcceptanceCounts.from_accepted(rec.accepted_per_cycle, self.num_steps)
+            self.counters["drafts"].labels("fake-model", "0").inc(c.cycles)
+            self.counters["draft_tokens"].labels("fake-model", "0").inc(c.cycles * self.num_steps)
+            self.counters["accepted_tokens"].labels("fake-model", "0").inc(c.accepted_drafts)
+            for i, a in enumerate(c.accepted):
+                self.per_pos.labels("fake-model", "0", str(i)).inc(a)
+
+    def server_info(self) -> dict:
+        cfg = self.oracle.config
+        d = 8 if self.fault == "draft_tokens_info" else cfg.num_steps + 1
+        avg = self.total[0] / self.total[1] if self.total[1] else None
+        return {"model_path": cfg.target, "version": "fake", "speculative_algorithm": "EAGLE3",
+                "speculative_num_steps": cfg.num_steps, "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": d, "speculative_draft_model_path": cfg.draft,
+                "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": 0.0}]}
+
+    def sglang_generate(self, body: dict) -> dict:
+        params = body["sampling_params"]
+        assert params["temperature"] == 0
+        rec, out = self.decode(body["input_ids"], params["max_new_tokens"])
+        meta = {"id": "x", "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(out),
+                "finish_reason": {"type": "length", "length": len(out)}}
+        if self.fault != "no_verify_ct":
+            c = AcceptanceCounts.from_accepted(rec.accepted_per_cycle, self.num_steps)
+            hist = list(c.histogram)
+            while hist and hist[-1] == 0:       # SGLang grows the histogram only as far as it was used
+                hist.pop()
+            meta.update(spec_verify_ct=c.cycles, spec_accept_length=len(out) / c.cycles,
+                        spec_accepted_drafts=c.accepted_drafts, spec_proposed_drafts=c.cycles * self.num_steps,
+                        spec_accept_rate=c.accepted_drafts / (c.cycles * self.num_steps),
+                        spec_accept_histogram=hist)
+        return {"text": " ".join(f"w{t}" for t in out), "output_ids": out, "meta_info": meta}
+
+    def vllm_complete(self, body: dict) -> dict:
+        assert body["temperature"] == 0 and isinstance(body["prompt"], list)
+        _, out = self.decode(body["prompt"], body["max_tokens"])
+        choice = {"index": 0, "text": "", "finish_reason": "length", "logprobs": None}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = out
+        return {"id": "cmpl-x", "object": "text_completion", "model": body.get("model"), "choices": [choice],
+                "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(out),
+                          "total_tokens": len(body["prompt"]) + len(out)}}
+
+
+def _handler(engine: Engine):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, status: int, payload, content_type="application/json"):
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if engine.backend == "sglang" and self.path in ("/get_server_info", "/server_info"):
+                return self._send(200, engine.server_info())
+            if engine.backend == "vllm" and self.path == "/metrics":
+                from prometheus_client import generate_latest
+                return self._send(200, generate_latest(engine.registry), "text/plain; version=0.0.4")
+            if engine.backend == "vllm" and self.path == "/v1/models":
+                return self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            path = {"sglang": "/generate", "vllm": "/v1/completions"}[engine.backend]
+            if self.path != path:
+                return self._send(404, {"detail": "Not Found"})
+            if engine.fault == "http_500":
+                return self._send(500, {"error": "CUDA error: an illegal memory access was encountered"})
+            if engine.fault == "malformed_json":
+                return self._send(200, b"<html>502 Bad Gateway</html>", "text/html")
+            if engine.fault == "slow":
+                time.sleep(3)
+            answer = engine.sglang_generate(body) if engine.backend == "sglang" else engine.vllm_complete(body)
+            self._send(200, answer)
+    return Handler
+
+
+@contextmanager
+def serve(engine: Engine):
+    """Run `engine` on 127.0.0.1 at a free port; yields the base URL."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
