@@ -35,12 +35,21 @@ SGLANG_TOPK1_MESSAGE = ("speculative_num_draft_tokens is adjusted to speculative
 
 def resolve_speculative(num_steps: int, topk: int, num_draft_tokens: int | None) -> tuple[int, list[str]]:
     """num_draft_tokens as SGLang would use it, and the warnings SGLang would log."""
+    from eagle_eval.tree import pool_size
+
     notes = []
     if topk == 1:
         if num_draft_tokens is not None and num_draft_tokens != num_steps + 1:
             notes.append(f"{SGLANG_TOPK1_MESSAGE}: --num-draft-tokens {num_draft_tokens} -> {num_steps + 1}")
         return num_steps + 1, notes
-    raise ConfigError(f"--topk {topk}: tree drafting (topk > 1) is not implemented yet; use --topk 1")
+    if num_draft_tokens is None:
+        raise ConfigError(f"--topk {topk} (a tree) needs --num-draft-tokens D: the verify tree's nodes, root "
+                          f"included, 2 <= D <= {pool_size(num_steps, topk) + 1} for num_steps {num_steps}")
+    if num_draft_tokens - 1 > pool_size(num_steps, topk):
+        raise ConfigError(f"--num-draft-tokens {num_draft_tokens}: a tree of num_steps {num_steps} and topk {topk} "
+                          f"has only K + (S-1) K^2 = {pool_size(num_steps, topk)} candidates, so D <= "
+                          f"{pool_size(num_steps, topk) + 1}")
+    return num_draft_tokens, notes
 
 
 def _resolve_dtype(dtype: str) -> str:
@@ -62,10 +71,12 @@ class Oracle:
     def decode(self, prompt: Prompt, check_lossless: bool | None = None) -> SampleRecord:
         cfg = self.config
         d = speculative_decode(self.speculator, prompt.input_ids, cfg.num_steps, cfg.max_new_tokens,
-                               self.eos_ids)
+                               self.eos_ids, cfg.topk, self.resolved["num_draft_tokens"])
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
                            output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
                            emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
+        if cfg.topk > 1:
+            rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
         if cfg.check_lossless if check_lossless is None else check_lossless:
             target = self.speculator.target
             greedy = plain_greedy(target, prompt.input_ids, cfg.max_new_tokens, self.eos_ids)
@@ -144,6 +155,10 @@ def load_oracle(config: RunConfig) -> Oracle:
     resolved = {
         "num_steps": config.num_steps, "topk": config.topk, "num_draft_tokens": num_draft_tokens,
         "num_draft_tokens_given": config.num_draft_tokens,
+        "eagle_params": ({"depth": config.eagle_depth, "top_k": config.eagle_top_k,
+                          "total_token": config.eagle_total_token,
+                          "conversion": "num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token"}
+                         if config.eagle_depth is not None else None),
         "aux_layers": aux.as_dict(),
         "embedding": table_name,
         "vocab_map": {"draft_vocab_size": head.config.draft_vocab_size, "vocab_size": head.config.vocab_size,

@@ -19,7 +19,8 @@ from eagle_eval.capture import FeatureCapture
 from eagle_eval.draft import DraftState, EmbedFn
 from eagle_eval.heads import Eagle3Head
 from eagle_eval.target import Target
-from eagle_eval.verify import verify_chain
+from eagle_eval.tree import select_tree
+from eagle_eval.verify import verify_chain, verify_tree
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Decoded:
     output_ids: list[int] = field(default_factory=list)
     accepted_per_cycle: list[int] = field(default_factory=list)
     emitted_per_cycle: list[int] = field(default_factory=list)
+    off_top1_per_cycle: list[bool] = field(default_factory=list)   # trees: accepted path left the top-1 chain
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,13 @@ def _emit(out: Decoded, tokens: list[int], max_new_tokens: int, eos_ids: set[int
 
 @torch.no_grad()
 def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, max_new_tokens: int,
-                       eos_ids: set[int]) -> Decoded:
+                       eos_ids: set[int], topk: int = 1, num_draft_tokens: int | None = None,
+                       tree: bool | None = None) -> Decoded:
+    """Chain when topk == 1 (num_draft_tokens is then num_steps + 1), else the tree of tree.py;
+    `tree=True` runs the tree machinery for topk == 1 too (it must equal the chain)."""
+    use_tree = topk > 1 if tree is None else tree
+    if use_tree and num_draft_tokens is None:
+        num_draft_tokens = num_steps + 1
     target, device = spec.target, spec.draft_device
     out = Decoded()
     if max_new_tokens <= 0:
@@ -79,11 +87,16 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
         draft.extend(aux, torch.cat([prompt[:, 1:], torch.tensor([[first]], device=device)], dim=1))
         root = first
         while True:
-            drafts = draft.propose_chain(num_steps)                    # [S]
-            v = verify_chain(target, cache, capture, root, drafts)
-            n = v.accepted
-            new_tokens = drafts[:n].tolist() + [v.bonus]
-            out.accepted_per_cycle.append(n)
+            if not use_tree:
+                drafts = draft.propose_chain(num_steps)                # [S]
+                v = verify_chain(target, cache, capture, root, drafts)
+                new_tokens = drafts[: v.accepted].tolist() + [v.bonus]
+            else:
+                tree = select_tree(draft.propose_tree(num_steps, topk), root, num_draft_tokens)
+                v = verify_tree(target, cache, capture, tree)
+                new_tokens = [tree.tokens[i] for i in v.path[1:]] + [v.bonus]
+                out.off_top1_per_cycle.append(not tree.on_top1_chain(v.path))
+            out.accepted_per_cycle.append(v.accepted)
             if _emit(out, new_tokens, max_new_tokens, eos_ids):
                 return out
             draft.extend(v.aux, torch.tensor([new_tokens], device=device))

@@ -41,6 +41,11 @@ def model_options(f):
                      help="Evaluate the first N questions only (after --categories and --shuffle-seed)."),
         click.option("--position-offset", type=click.IntRange(0, 1), default=0, show_default=True,
                      help="1 reproduces SGLang's draft positions before PR #25015 (p+k+1)."),
+        click.option("--eagle-depth", type=int, default=None,
+                     help="EAGLE's depth (num_steps = depth + 1); with --eagle-top-k and --eagle-total-token."),
+        click.option("--eagle-top-k", type=int, default=None, help="EAGLE's top_k (= --topk)."),
+        click.option("--eagle-total-token", type=int, default=None,
+                     help="EAGLE's total_token (= --num-draft-tokens, root included)."),
         click.option("--seed", type=int, default=0, show_default=True),
         *data_options(),
     ]

@@ -43,6 +43,9 @@ class RunConfig:
     check_lossless: bool = False
     limit: int | None = None                 # evaluate the first N questions only (after categories, shuffle)
     position_offset: int = 0                 # 1 = SGLang's draft positions before PR #25015
+    eagle_depth: int | None = None           # EAGLE's names: S = depth + 1, K = top_k, D = total_token
+    eagle_top_k: int | None = None
+    eagle_total_token: int | None = None
     seed: int = 0
     output_dir: str | None = None
     resume: bool = False
@@ -70,6 +73,13 @@ class RunConfig:
             raise ConfigError(f"--draft-embedding must be one of {EMBEDDING_CHOICES}, got {self.draft_embedding!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
+        eagle = (self.eagle_depth, self.eagle_top_k, self.eagle_total_token)
+        if any(v is not None for v in eagle):
+            if any(v is None for v in eagle):
+                raise ConfigError("--eagle-depth, --eagle-top-k and --eagle-total-token go together")
+            object.__setattr__(self, "num_steps", self.eagle_depth + 1)
+            object.__setattr__(self, "topk", self.eagle_top_k)
+            object.__setattr__(self, "num_draft_tokens", self.eagle_total_token)
         if self.position_offset not in (0, 1):
             raise ConfigError(f"--position-offset must be 0 or 1, got {self.position_offset}")
         if self.resume and not self.output_dir:

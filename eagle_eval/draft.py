@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from eagle_eval.heads import DraftCache, Eagle3Head
+from eagle_eval.tree import Pool, stable_top
 
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]   # token ids [B, T] -> embeddings [B, T, H]
 
@@ -62,6 +63,54 @@ class DraftState:
             out = head.step(self.embed(token[:, None]), out, positions, self.cache)
         self.cache.rollback(real_len)
         return torch.cat(drafts)
+
+
+    @torch.no_grad()
+    def propose_tree(self, num_steps: int, topk: int) -> Pool:
+        """The candidate pool of EAGLE3.md section 4: level 1 = top-K of the first distribution;
+        each of the num_steps - 1 expansions runs the K frontier nodes (one forward, K queries at
+        position p + level, each attending to the real pairs and to its own ancestors), scores their
+        K children by parent score * child prob, and keeps the best K as the next frontier."""
+        head, attn = self.head, self.head.midlayer.self_attn
+        p, k = self.real_len - 1, topk
+        probs = torch.softmax(head.logits(self.last_out)[0, -1], dim=-1)              # [V_d]
+        top = stable_top(probs, k)
+        pool = Pool(tokens=head.to_target_ids(top).tolist(), scores=probs[top].tolist(),
+                    parents=[-1] * k, ranks=list(range(k)))
+        frontier, scores = list(range(k)), probs[top]                                  # pool ids, [K]
+        hidden = self.last_out.expand(1, k, -1)                                        # [1, K, H]
+        ancestors = {i: [] for i in frontier}           # pool id -> speculative KV slots on its path
+        spec_k = spec_v = None                                                         # [1, kv, n, d]
+        for level in range(1, num_steps):
+            tokens = torch.tensor([[pool.tokens[i] for i in frontier]], device=hidden.device)
+            u, residual = head.attention_input(self.embed(tokens), hidden)
+            positions = torch.full((1, k), p + level + self.position_offset, device=hidden.device)
+            q, kk, vv = attn.project(u, *head.rope(positions))
+            base = 0 if spec_k is None else spec_k.shape[2]
+            spec_k = kk if spec_k is None else torch.cat([spec_k, kk], dim=2)
+            spec_v = vv if spec_v is None else torch.cat([spec_v, vv], dim=2)
+            paths = [ancestors[f] + [base + j] for j, f in enumerate(frontier)]
+            mask = torch.zeros(k, self.real_len + base + k, dtype=torch.bool, device=hidden.device)
+            mask[:, : self.real_len] = True
+            for j, path in enumerate(paths):
+                mask[j, [self.real_len + s for s in path]] = True
+            keys = torch.cat([self.cache.keys, spec_k], dim=2)
+            values = torch.cat([self.cache.values, spec_v], dim=2)
+            out = head.finish(residual, attn.attend(q, keys, values, mask))            # [1, K, H]
+            child_probs = torch.softmax(head.logits(out)[0], dim=-1)                   # [K, V_d]
+            child_ids = torch.stack([stable_top(row, k) for row in child_probs])      # [K, K]
+            child_scores = (scores[:, None] * child_probs.gather(1, child_ids)).flatten()   # [K*K]
+            first = len(pool.tokens)
+            pool.tokens += head.to_target_ids(child_ids.flatten()).tolist()
+            pool.scores += child_scores.tolist()
+            pool.parents += [f for f in frontier for _ in range(k)]
+            pool.ranks += list(range(k)) * k
+            best = stable_top(child_scores, k)
+            for b, j in zip(best.tolist(), (best // k).tolist()):
+                ancestors[first + b] = paths[j]
+            frontier, scores = [first + b for b in best.tolist()], child_scores[best]
+            hidden = out[:, best // k]
+        return pool
 
 
 def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor,

@@ -32,6 +32,9 @@ DEFINITIONS = {
     "unconditional_rate": "u_i = P(>= i drafts accepted) = accepted_i / cycles (vLLM per-position rate)",
     "histogram": "H[n] = verify cycles that accepted exactly n drafts, n = 0..num_steps",
     "identity": "tau = 1 + sum_i u_i and u_i = prod_{j<=i} a_j",
+    "trees": "with topk > 1, position i is tree depth i: u_i = P(accepted depth >= i), a_i = "
+             "P(depth >= i | depth >= i-1); off_top1_chain_share = cycles whose accepted path left the draft's "
+             "top-1 chain (what the tree buys over a chain of the same num_steps) / cycles",
 }
 
 
@@ -42,8 +45,12 @@ def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
         counts = counts.merge(AcceptanceCounts.from_accepted(s.accepted_per_cycle, num_steps))
     per_request = [s.spec_accept_length for s in samples if s.spec_accept_length is not None]
     checked = [s.lossless for s in samples if s.lossless is not None]
+    off = [f for s in samples for f in s.extra.get("off_top1_per_cycle", [])]
+    tree = ({"off_top1_chain_cycles": sum(off), "off_top1_chain_share": sum(off) / len(off) if off else None}
+            if any("off_top1_per_cycle" in s.extra for s in samples) else {})
     return {
         "summary": {
+            **tree,
             "prompts": len(samples),
             "cycles": counts.cycles,
             "accepted_drafts": counts.accepted_drafts,
@@ -149,6 +156,8 @@ def render_table(report: dict) -> str:
         f"accept length tau (mean accepted+1 per cycle)        {_fmt(s['accept_length'])}",
         f"mean accepted drafts per cycle (tau - 1)             {_fmt(s['mean_accepted_drafts'])}",
         f"SGLang spec_accept_length (completion/verify, mean)  {_fmt(s['spec_accept_length'])}",
+        *([f"cycles accepting off the top-1 chain (tree gain)      {s['off_top1_chain_cycles']}"
+           f" ({_fmt(s['off_top1_chain_share'])})"] if "off_top1_chain_cycles" in s else []),
         f"lossless vs plain greedy                             "
         f"{'not checked' if s['lossless'] is None and not s['lossless_checked'] else s['lossless']}"
         f" ({s['lossless_checked']} checked)",

@@ -104,6 +104,29 @@ class Target:
         if cache.get_seq_length() != length:
             raise RuntimeError(f"target cache rollback to {length} left {cache.get_seq_length()} entries")
 
+    @staticmethod
+    def keep(cache, start: int, indices: list[int]) -> None:
+        """Keep the first `start` positions plus the entries at start + indices (in that order):
+        after a tree verify, the accepted path. Works on the key/value tensors of each layer."""
+        total = cache.get_seq_length()
+        for layer in cache.layers:
+            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+                raise RuntimeError(f"tree verification needs full-attention KV layers, got {type(layer).__name__}")
+            idx = torch.tensor(indices, device=layer.keys.device) + start
+            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, idx)], dim=-2)
+            layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, idx)], dim=-2)
+        if cache.get_seq_length() != start + len(indices):
+            raise RuntimeError(f"target cache keep left {cache.get_seq_length()} entries, expected "
+                               f"{start + len(indices)} (of {total})")
+
+    def tree_mask(self, tree_mask: torch.Tensor, start: int) -> torch.Tensor:
+        """[D, D] ancestor mask -> additive [1, 1, D, start + D] mask over cache + tree."""
+        d = tree_mask.shape[0]
+        allowed = torch.cat([torch.ones(d, start, dtype=torch.bool), tree_mask], dim=1)
+        dtype = self.model.dtype
+        mask = torch.zeros(1, 1, d, start + d, dtype=dtype)
+        return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids.to(self.input_device))
 

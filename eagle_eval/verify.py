@@ -13,6 +13,7 @@ import torch
 from eagle_eval.acceptance import greedy_accept
 from eagle_eval.capture import FeatureCapture
 from eagle_eval.target import Target
+from eagle_eval.tree import Tree, accept_path
 
 
 @dataclass
@@ -20,6 +21,7 @@ class Verified:
     accepted: int                 # n, accepted drafts (0..S)
     bonus: int                    # target argmax after the last accepted node
     aux: torch.Tensor             # [1, n+1, k*H_t] target features of root, d_1..d_n
+    path: list[int] | None = None  # tree indices of root + accepted nodes (trees only)
 
 
 @torch.no_grad()
@@ -34,3 +36,19 @@ def verify_chain(target: Target, cache, capture: FeatureCapture, root: int,
     n = greedy_accept(drafts.tolist(), argmax)
     Target.rollback(cache, start + n + 1)
     return Verified(accepted=n, bonus=argmax[n], aux=aux[:, : n + 1])
+
+
+@torch.no_grad()
+def verify_tree(target: Target, cache, capture: FeatureCapture, tree: Tree) -> Verified:
+    """One forward over the D tree nodes (positions = length + depth, ancestor mask over the cache);
+    walk the greedy path; keep only root + accepted nodes in the cache."""
+    start = Target.cache_len(cache)
+    ids = torch.tensor([tree.tokens])
+    positions = torch.tensor([tree.depths]) + start
+    logits = target.forward(ids, cache, position_ids=positions,
+                            attention_mask=target.tree_mask(tree.mask(), start))     # [1, D, V]
+    aux = capture.pop()
+    argmax = logits[0].argmax(-1).tolist()
+    path = accept_path(tree, argmax)
+    Target.keep(cache, start, path)
+    return Verified(accepted=len(path) - 1, bonus=argmax[path[-1]], aux=aux[:, path], path=path)
