@@ -173,6 +173,8 @@ def load_oracle(config: RunConfig) -> Oracle:
         "position_offset": config.position_offset,
         "accept_length_definition": "mean over verify cycles of (accepted drafts + 1), bonus counted",
     }
+    from eagle_eval.sanity import load_findings     # issue 5: load-time checks, printed by `run`
+    resolved["sanity"] = [f.as_dict() for f in load_findings(target, loaded, aux, config, table_name)]
     spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf,
                       position_offset=config.position_offset)
     return Oracle(config=config, speculator=spec, tokenizer=tokenizer,
@@ -267,6 +269,7 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
 
     from eagle_eval import profile as prof
     from eagle_eval.report import provenance, summarize, DEFINITIONS
+    from eagle_eval.tree import pool_size
 
     cfg, k_max = pcfg.run, pcfg.max_steps
     torch.manual_seed(cfg.seed)
@@ -284,26 +287,33 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
     batches = list(prof._batches([p.input_ids + c for p, c in zip(prompts, conts)], 0, pcfg.batch_tokens))
     for batch in tqdm(batches, desc="profile", unit="batch", disable=not progress):
         items = [(prompts[i], _complete(spec, prompts[i], conts[i], need, pad)) for i in batch]
-        for i, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad)):
+        tree = (cfg.topk, oracle.resolved["num_draft_tokens"]) if cfg.topk > 1 else (1, None)
+        for i, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad, *tree)):
             if res.divergence is not None:    # not the target's greedy: profile greedy from there on
                 divergences.append({"id": res.prompt.id, **res.divergence})
                 cont = res.continuation[: res.divergence["position"]]
                 res = prof.profile_batch(spec, [(res.prompt, _complete(spec, res.prompt, cont, need, pad))],
-                                         k_max, cfg.max_new_tokens, pad)[0]
+                                         k_max, cfg.max_new_tokens, pad, *tree)[0]
                 res.divergence = divergences[-1]
             profiled[i] = res
-    by_steps, samples = {}, []
-    for s in range(1, k_max + 1):
-        recs = [_record(p, prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens,
-                                                oracle.eos_ids)) for p in profiled]
+    def simulate(p, s):
+        if p.tree_runs is None:
+            return prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens, oracle.eos_ids)
+        runs, off = p.tree_runs[s]
+        return prof.simulate_cycles(runs, p.continuation, s, cfg.max_new_tokens, oracle.eos_ids, off)
+
+    sims = {s: [simulate(p, s) for p in profiled] for s in range(1, k_max + 1)}
+    by_steps = {}
+    for s, decoded in sims.items():
+        recs = [_record(p, d) for p, d in zip(profiled, decoded)]
         by_steps[str(s)] = summarize(recs, s)
+        if cfg.topk > 1:
+            by_steps[str(s)]["num_draft_tokens"] = min(oracle.resolved["num_draft_tokens"], pool_size(s, cfg.topk) + 1)
         if s == min(cfg.num_steps, k_max):
             samples = recs
-    for rec, p in zip(samples, profiled):
-        rec.extra["run_lengths"] = p.run_lengths
-        rec.extra["accepted_per_cycle_by_num_steps"] = {
-            str(s): prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens,
-                                         oracle.eos_ids).accepted_per_cycle for s in range(1, k_max + 1)}
+    for i, (rec, p) in enumerate(zip(samples, profiled)):
+        rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[min(cfg.num_steps, k_max)][0]
+        rec.extra["accepted_per_cycle_by_num_steps"] = {str(s): sims[s][i].accepted_per_cycle for s in sims}
         rec.extra["response_divergence"] = p.divergence
     report = {"schema_version": 1, "config": {**pcfg.as_dict(), **oracle.resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
@@ -328,9 +338,12 @@ def _complete(spec, prompt: Prompt, cont: list[int], need: int, pad: int) -> lis
 
 
 def _record(p, d) -> SampleRecord:
-    return SampleRecord(id=p.prompt.id, category=p.prompt.category, prompt_len=len(p.prompt.input_ids),
-                        output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
-                        emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
+    rec = SampleRecord(id=p.prompt.id, category=p.prompt.category, prompt_len=len(p.prompt.input_ids),
+                       output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
+                       emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
+    if p.tree_runs is not None:
+        rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
+    return rec
 
 
 def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms: tuple | None = None,

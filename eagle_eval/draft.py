@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -172,3 +173,84 @@ def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
     if n == 0:
         return x
     return torch.cat([torch.zeros_like(x[..., :n, :]), x[..., :-n, :]], dim=-2)
+
+
+@dataclass
+class TreePools:
+    """The candidate pools of `propose_tree`, for every start pair at once: tensors [P, N], pool order
+    as in `tree.Pool` (level 1, then K^2 per later level)."""
+    tokens: torch.Tensor      # target ids
+    scores: torch.Tensor      # products of draft probabilities (float32)
+    parents: torch.Tensor     # pool index of the parent, -1 = root
+    ranks: torch.Tensor       # child rank among its parent's K children
+    depths: torch.Tensor      # level, 1..num_steps
+
+
+@torch.no_grad()
+def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor, embed: EmbedFn,
+                 starts: torch.Tensor, num_steps: int, topk: int, position_offset: int = 0) -> TreePools:
+    """`propose_tree` from every start pair in `starts` [P] at once (batch of one sequence).
+
+    aux [1, T, k*H_t], token_embeds [1, T, H] as in `unroll_chains`. Each frontier node of start p at
+    level l runs at position p + l and attends to the real pairs 0..p, to the speculative entries of its
+    own ancestors and to itself, exactly as in the loop.
+    """
+    attn = head.midlayer.self_attn
+    t, device, k = token_embeds.shape[1], token_embeds.device, topk
+    scale = 1.0 / math.sqrt(attn.head_dim)
+    u, residual = head.attention_input(token_embeds, head.fuse(aux))
+    q, kk, vv = attn.project(u, *head.rope(torch.arange(t, device=device)[None]))
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    out0 = head.finish(residual, attn.attend(q, kk, vv, causal))[0]                 # [T, H]
+    keys0, values0 = attn.expand_kv(kk)[0], attn.expand_kv(vv)[0]                   # [h, T, d]
+    p = starts.numel()
+    real = torch.arange(t, device=device)[None] <= starts[:, None]                   # [P, T]
+
+    def top(probs):                                                                 # stable top-k, last dim
+        s = torch.sort(probs, dim=-1, descending=True, stable=True)
+        return s.values[..., :k], s.indices[..., :k]
+
+    top_p, top_i = top(torch.softmax(head.logits(out0[starts]), dim=-1))            # [P, K]
+    tokens, scores = [head.to_target_ids(top_i)], [top_p]
+    parents = [torch.full((p, k), -1, device=device)]
+    ranks = [torch.arange(k, device=device).expand(p, k)]
+    depths = [torch.ones(p, k, dtype=torch.long, device=device)]
+    frontier, f_scores = torch.arange(k, device=device).expand(p, k), top_p
+    hidden = out0[starts][:, None].expand(p, k, -1)                                 # [P, K, H]
+    anc_k = anc_v = None                                                            # [P, K, h, L, d]
+    for level in range(1, num_steps):
+        f_tokens = torch.cat(tokens, dim=1).gather(1, frontier)                     # [P, K]
+        u, residual = head.attention_input(embed(f_tokens), hidden)
+        pos = (starts + level + position_offset)[:, None].expand(p, k)
+        q, kk, vv = attn.project(u, *head.rope(pos))                                # q [P, h, K, d]
+        kk, vv = attn.expand_kv(kk), attn.expand_kv(vv)                             # [P, h, K, d]
+        s_real = torch.einsum("phkd,htd->phkt", q, keys0) * scale
+        s_real = s_real.masked_fill(~real[:, None, None, :], float("-inf"))
+        s_self = (q * kk).sum(-1, keepdim=True) * scale                             # [P, h, K, 1]
+        parts = [s_real] + ([torch.einsum("phkd,pkhld->phkl", q, anc_k) * scale] if anc_k is not None else [])
+        w = torch.softmax(torch.cat(parts + [s_self], dim=-1).float(), dim=-1).to(q.dtype)
+        ctx = torch.einsum("phkt,htd->phkd", w[..., :t], values0) + w[..., -1:] * vv
+        if anc_v is not None:
+            ctx = ctx + torch.einsum("phkl,pkhld->phkd", w[..., t:-1], anc_v)
+        ctx = attn.o_proj(ctx.transpose(1, 2).reshape(p, k, -1))
+        out = head.finish(residual, ctx)                                            # [P, K, H]
+        c_p, c_i = top(torch.softmax(head.logits(out), dim=-1))                     # [P, K, K]
+        cand = (f_scores[..., None] * c_p).reshape(p, k * k)
+        first = sum(x.shape[1] for x in tokens)
+        tokens.append(head.to_target_ids(c_i).reshape(p, k * k))
+        scores.append(cand)
+        parents.append(frontier.repeat_interleave(k, dim=1))
+        ranks.append(torch.arange(k, device=device).repeat(k).expand(p, k * k))
+        depths.append(torch.full((p, k * k), level + 1, dtype=torch.long, device=device))
+        best = torch.sort(cand, dim=-1, descending=True, stable=True).indices[:, :k]    # [P, K]
+        slot = best // k                                                            # parent's frontier slot
+        own_k = kk.permute(0, 2, 1, 3)[:, :, :, None]                               # [P, K, h, 1, d]
+        own_v = vv.permute(0, 2, 1, 3)[:, :, :, None]
+        new_k = own_k if anc_k is None else torch.cat([anc_k, own_k], dim=3)
+        new_v = own_v if anc_v is None else torch.cat([anc_v, own_v], dim=3)
+        idx = slot[:, :, None, None, None].expand(-1, -1, *new_k.shape[2:])
+        anc_k, anc_v = new_k.gather(1, idx), new_v.gather(1, idx)
+        hidden = out.gather(1, slot[..., None].expand(-1, -1, out.shape[-1]))
+        frontier, f_scores = first + best, cand.gather(1, best)
+    cat = lambda xs: torch.cat(xs, dim=1)
+    return TreePools(cat(tokens), cat(scores), cat(parents), cat(ranks), cat(depths))

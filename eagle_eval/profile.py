@@ -19,7 +19,8 @@ import torch
 
 from eagle_eval.capture import FeatureCapture
 from eagle_eval.chain import Decoded, Speculator, _emit
-from eagle_eval.draft import unroll_chains
+from eagle_eval.draft import TreePools, unroll_chains, unroll_trees
+from eagle_eval.tree import pool_size
 from eagle_eval.records import Prompt
 
 
@@ -30,10 +31,11 @@ class Profiled:
     continuation: list[int]          # x_T .. x_{T+max_new+max_steps-1} (greedy, not cut at EOS)
     run_lengths: list[int]           # r[k]: correct drafts in a row from the root x_{T+k}, k < max_new
     divergence: dict | None = None   # where given responses departed from the target's argmax
+    tree_runs: dict | None = None    # trees: {S: (run lengths, off-top-1 flags)} for the given K and D
 
 
 def simulate_cycles(run_lengths: list[int], continuation: list[int], num_steps: int, max_new_tokens: int,
-                    eos_ids: set[int]) -> Decoded:
+                    eos_ids: set[int], off_top1: list[bool] | None = None) -> Decoded:
     """Walk the loop's cycles over run lengths: accept min(r, S), emit them plus the bonus.
 
     >>> d = simulate_cycles([2, 0, 5, 1, 0, 0, 0], [10, 11, 12, 13, 14, 15, 16, 17], 3, 6, set())
@@ -50,6 +52,8 @@ def simulate_cycles(run_lengths: list[int], continuation: list[int], num_steps: 
     while True:
         n = min(run_lengths[k], num_steps)
         out.accepted_per_cycle.append(n)
+        if off_top1 is not None:
+            out.off_top1_per_cycle.append(off_top1[k])
         if _emit(out, continuation[k + 1: k + n + 2], max_new_tokens, eos_ids):
             return out
         k += n + 1
@@ -69,6 +73,34 @@ def run_lengths_from_predictions(preds: torch.Tensor, tokens: torch.Tensor) -> t
     for j in range(min(k, p - 1)):                               # ok[j, p] = step j right at q = p + j
         ok[j, : p - 1 - j] = preds[j, j: p - 1] == target[j:]
     return ok.long().cumprod(dim=0).sum(dim=0)
+
+
+def tree_run_lengths(pools: TreePools, next_tokens: torch.Tensor, num_steps: int, topk: int,
+                     num_draft_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted depth of each start's verify tree, and whether its accepted path left the top-1 chain.
+
+    next_tokens [P, num_steps + 1]: x_{p+1} (the root) .. x_{p+1+num_steps} for each start p. The tree
+    keeps the best D-1 of the first K + (S-1) K^2 pool nodes (ties -> lower index, as tree.select_tree);
+    a node is accepted when its token is the greedy token at its depth and its parent is accepted.
+    """
+    n = pool_size(num_steps, topk)
+    tokens, depths, parents = pools.tokens[:, :n], pools.depths[:, :n], pools.parents[:, :n]
+    truth = next_tokens.gather(1, depths)                                   # greedy token at each depth
+    match = torch.zeros_like(tokens, dtype=torch.bool)
+    top1 = torch.zeros_like(match)
+    for level in range(1, num_steps + 1):                                   # parents before children
+        cols = (depths[0] == level).nonzero().flatten()
+        par = parents[:, cols].clamp(min=0)
+        root_child = parents[:, cols] < 0
+        match[:, cols] = (tokens[:, cols] == truth[:, cols]) & (root_child | match.gather(1, par))
+        top1[:, cols] = (pools.ranks[:, cols] == 0) & (root_child | top1.gather(1, par))
+    order = torch.sort(pools.scores[:, :n].double(), dim=-1, descending=True, stable=True).indices
+    selected = torch.zeros_like(match).scatter(1, order[:, : num_draft_tokens - 1], True)
+    accepted = selected & match
+    r = (depths * accepted).max(dim=1).values
+    deepest = (depths * accepted).argmax(dim=1)
+    off = (r > 0) & ~top1.gather(1, deepest[:, None])[:, 0]
+    return r, off
 
 
 @torch.no_grad()
@@ -118,7 +150,8 @@ def _batches(seqs: list[list[int]], extra: int, batch_tokens: int):
 
 @torch.no_grad()
 def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_steps: int,
-                  max_new_tokens: int, pad_id: int) -> list[Profiled]:
+                  max_new_tokens: int, pad_id: int, topk: int = 1,
+                  num_draft_tokens: int | None = None) -> list[Profiled]:
     """One teacher-forced target forward over each prompt + continuation (right-padded batch),
     then the all-starts draft unroll. Continuations must hold max_new_tokens + max_steps tokens."""
     target, head, device = spec.target, spec.head, spec.draft_device
@@ -141,10 +174,26 @@ def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_s
         t = len(prompt.input_ids)
         r = run_lengths_from_predictions(preds[row, :, : len(seqs[row]) - 1], ids[row, : len(seqs[row])])
         # r_p for the roots x_T.. : start pair p = T - 1 + k
-        results.append(Profiled(prompt=prompt, continuation=cont,
-                                run_lengths=r[t - 1: t - 1 + max_new_tokens].tolist(),
-                                divergence=_check_greedy(argmax[row], ids[row], logits[row], t, len(seqs[row]))))
+        res = Profiled(prompt=prompt, continuation=cont, run_lengths=r[t - 1: t - 1 + max_new_tokens].tolist(),
+                       divergence=_check_greedy(argmax[row], ids[row], logits[row], t, len(seqs[row])))
+        if topk > 1:
+            res.tree_runs = _tree_runs(spec, aux[row: row + 1, : len(seqs[row]) - 1], ids[row, : len(seqs[row])],
+                                       t, max_steps, max_new_tokens, topk, num_draft_tokens)
+        results.append(res)
     return results
+
+
+def _tree_runs(spec: Speculator, aux, ids, t: int, max_steps: int, max_new: int, topk: int, d: int) -> dict:
+    """{S: (run lengths, off-top-1 flags)} from one all-starts tree expansion of max_steps levels."""
+    starts = torch.arange(t - 1, t - 1 + max_new, device=ids.device)
+    pools = unroll_trees(spec.head, aux, spec.embed(ids[None, 1:]), spec.embed, starts, max_steps, topk,
+                         spec.position_offset)
+    nxt = ids[starts[:, None] + 1 + torch.arange(max_steps + 1, device=ids.device)]   # [P, S+1]
+    runs = {}
+    for s in range(1, max_steps + 1):
+        r, off = tree_run_lengths(pools, nxt, s, topk, min(d, pool_size(s, topk) + 1))
+        runs[s] = (r.tolist(), off.tolist())
+    return runs
 
 
 def _check_greedy(argmax, ids, logits, start: int, end: int) -> dict | None:

@@ -85,3 +85,36 @@ def test_profile_outputs(trained, tmp_path):
         assert {"summary", "per_position", "histogram"} <= set(section)
     row = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert len(row["run_lengths"]) == 32 and sorted(row["accepted_per_cycle_by_num_steps"]) == ["1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("topk, draft_tokens", [(2, 6), (3, 10), (4, 16)])
+def test_tree_profile_equals_tree_loop(trained, topk, draft_tokens):
+    run = RunConfig(**{**trained.as_dict(), "aux_layers": None, "topk": topk, "num_draft_tokens": draft_tokens})
+    prof = api.profile(ProfileConfig(run=run, max_steps=5), progress=False)
+    for s in (2, 3, 5):
+        loop = api.evaluate(RunConfig(**{**run.as_dict(), "aux_layers": None, "num_steps": s}), progress=False)
+        for a, b in zip(loop.samples, prof.samples):
+            assert a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"][str(s)]
+        section = prof.report["by_num_steps"][str(s)]
+        assert section["per_position"] == loop.report["per_position"]
+        assert section["summary"]["off_top1_chain_cycles"] == loop.report["summary"]["off_top1_chain_cycles"]
+
+
+def test_tree_run_lengths_by_hand():
+    import torch
+
+    from eagle_eval.draft import TreePools
+    from eagle_eval.profile import tree_run_lengths
+
+    # one start, K = 2, S = 2: level 1 = [10, 11]; level 2 = children of 0 -> [20, 21], of 1 -> [22, 23]
+    pools = TreePools(tokens=torch.tensor([[10, 11, 20, 21, 22, 23]]),
+                      scores=torch.tensor([[0.6, 0.4, 0.3, 0.2, 0.25, 0.1]]),
+                      parents=torch.tensor([[-1, -1, 0, 0, 1, 1]]), ranks=torch.tensor([[0, 1, 0, 1, 0, 1]]),
+                      depths=torch.tensor([[1, 1, 2, 2, 2, 2]]))
+    greedy = torch.tensor([[5, 11, 22]])                       # root, then the greedy tokens by depth
+    r, off = tree_run_lengths(pools, greedy, 2, 2, num_draft_tokens=5)    # keeps nodes 0, 1, 2, 4
+    assert r.tolist() == [2] and off.tolist() == [True]       # 11 (rank 1) -> 22: off the top-1 chain
+    r, _ = tree_run_lengths(pools, greedy, 2, 2, num_draft_tokens=4)      # keeps 0, 1, 2: 22 dropped
+    assert r.tolist() == [1]
+    r, off = tree_run_lengths(pools, torch.tensor([[5, 10, 20]]), 2, 2, num_draft_tokens=4)
+    assert r.tolist() == [2] and off.tolist() == [False]
