@@ -22,14 +22,15 @@ from eagle_eval.config import ConfigError, RunConfig, parse_ids
 
 @dataclass(frozen=True)
 class Costs:
-    """c = T_draft_step / T_target_step and r(k) = T_verify(k+1 tokens) / T_target(1 token)."""
+    """c = T_draft_step / T_target_step and r = T_verify(n tokens) / T_target(1 token), where a
+    verify forward holds n = num_steps + 1 tokens for a chain and num_draft_tokens for a tree."""
     cost_ratio: float
-    verify_ratio: dict                 # k -> r(k)
+    verify_ratio: dict                 # n verify tokens -> r
     source: str                        # "measured on DEVICE" or "given (--cost-ratio)"
     times_ms: dict | None = None
 
-    def r(self, k: int) -> float:
-        return self.verify_ratio.get(k, 1.0)
+    def r(self, verify_tokens: int) -> float:
+        return self.verify_ratio.get(verify_tokens, 1.0)
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -64,8 +65,8 @@ def _parse_value(key: str, type_name: str, value: str):
 
 
 @torch.no_grad()
-def measure_costs(oracle, max_steps: int, context: int = 128, reps: int = 5) -> Costs:
-    """Time one target token, verify forwards of k+1 tokens and one draft step, side by side."""
+def measure_costs(oracle, verify_sizes, context: int = 128, reps: int = 5) -> Costs:
+    """Time one target token, verify forwards of each size in `verify_sizes` and one draft step."""
     spec = oracle.speculator
     target, head = spec.target, spec.head
     device = spec.draft_device
@@ -104,7 +105,7 @@ def measure_costs(oracle, max_steps: int, context: int = 128, reps: int = 5) -> 
         state.cache.rollback(context)
 
     t_target = timed(lambda: verify(1))
-    t_verify = {k: timed(lambda k=k: verify(k + 1)) for k in range(1, max_steps + 1)}
+    t_verify = {n: timed(lambda n=n: verify(n)) for n in sorted(set(verify_sizes))}
     t_draft = timed(draft_step)
     return Costs(cost_ratio=t_draft / t_target, verify_ratio={k: v / t_target for k, v in t_verify.items()},
                  source=f"measured on {device}",
@@ -112,17 +113,21 @@ def measure_costs(oracle, max_steps: int, context: int = 128, reps: int = 5) -> 
                            "verify": {str(k): v for k, v in t_verify.items()}})
 
 
-def variant_rows(name: str, profile_report: dict, costs: Costs, server: Costs | None) -> list[dict]:
+def variant_rows(name: str, by_num_steps: dict, costs: Costs, server: Costs | None, topk: int = 1,
+                 num_draft_tokens: int | None = None) -> list[dict]:
+    """One row per num_steps; chains verify S+1 tokens, trees num_draft_tokens (given, or the section's)."""
     rows = []
-    for s, section in sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0])):
+    for s, section in sorted(by_num_steps.items(), key=lambda kv: int(kv[0])):
         k = int(s)
+        d = num_draft_tokens or section.get("num_draft_tokens") or k + 1
         u = [p["unconditional_rate"] or 0.0 for p in section["per_position"]]
         a = [p["conditional_rate"] for p in section["per_position"]]
-        row = {"variant": name, "num_steps": k, "tau": section["summary"]["accept_length"],
+        row = {"variant": name, "num_steps": k, "topk": topk, "num_draft_tokens": d,
+               "tau": section["summary"]["accept_length"],
                "cycles": section["summary"]["cycles"], "accepted_drafts": section["summary"]["accepted_drafts"],
-               "speedup_model": speedup(u, costs.cost_ratio, costs.r(k))}
+               "speedup_model": speedup(u, costs.cost_ratio, costs.r(d))}
         if server is not None:
-            row["speedup_server"] = speedup(u, server.cost_ratio, server.r(k))
+            row["speedup_server"] = speedup(u, server.cost_ratio, server.r(d))
         row.update({f"u_{i + 1}": v for i, v in enumerate(u)})
         row.update({f"a_{i + 1}": v for i, v in enumerate(a)})
         rows.append(row)
@@ -131,6 +136,10 @@ def variant_rows(name: str, profile_report: dict, costs: Costs, server: Costs | 
 
 def best_num_steps(rows: list[dict], key: str = "speedup_model") -> int:
     return max(rows, key=lambda r: r[key])["num_steps"]
+
+
+def best_row(rows: list[dict], key: str = "speedup_model") -> dict:
+    return max(rows, key=lambda r: r[key])
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

@@ -284,10 +284,15 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
         conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, pcfg.batch_tokens)
     profiled: list = [None] * len(prompts)
     divergences = []
+    # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
+    d_main = {s: min(oracle.resolved["num_draft_tokens"], pool_size(s, cfg.topk) + 1) for s in range(1, k_max + 1)}
+    grid = [(s, d) for d in (pcfg.draft_tokens_grid or ()) for s in range(1, k_max + 1)
+            if 2 <= d <= pool_size(s, cfg.topk) + 1]
+    shapes = sorted(set(d_main.items()) | set(grid))
     batches = list(prof._batches([p.input_ids + c for p, c in zip(prompts, conts)], 0, pcfg.batch_tokens))
     for batch in tqdm(batches, desc="profile", unit="batch", disable=not progress):
         items = [(prompts[i], _complete(spec, prompts[i], conts[i], need, pad)) for i in batch]
-        tree = (cfg.topk, oracle.resolved["num_draft_tokens"]) if cfg.topk > 1 else (1, None)
+        tree = (cfg.topk, shapes) if cfg.topk > 1 else (1, None)
         for i, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad, *tree)):
             if res.divergence is not None:    # not the target's greedy: profile greedy from there on
                 divergences.append({"id": res.prompt.id, **res.divergence})
@@ -296,10 +301,10 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
                                          k_max, cfg.max_new_tokens, pad, *tree)[0]
                 res.divergence = divergences[-1]
             profiled[i] = res
-    def simulate(p, s):
+    def simulate(p, s, d=None):
         if p.tree_runs is None:
             return prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens, oracle.eos_ids)
-        runs, off = p.tree_runs[s]
+        runs, off = p.tree_runs[(s, d or d_main[s])]
         return prof.simulate_cycles(runs, p.continuation, s, cfg.max_new_tokens, oracle.eos_ids, off)
 
     sims = {s: [simulate(p, s) for p in profiled] for s in range(1, k_max + 1)}
@@ -308,15 +313,21 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
         recs = [_record(p, d) for p, d in zip(profiled, decoded)]
         by_steps[str(s)] = summarize(recs, s)
         if cfg.topk > 1:
-            by_steps[str(s)]["num_draft_tokens"] = min(oracle.resolved["num_draft_tokens"], pool_size(s, cfg.topk) + 1)
+            by_steps[str(s)]["num_draft_tokens"] = d_main[s]
         if s == min(cfg.num_steps, k_max):
             samples = recs
+    by_draft_tokens = {}
+    for s, d in grid:
+        recs = [_record(p, simulate(p, s, d)) for p in profiled]
+        by_draft_tokens.setdefault(str(d), {})[str(s)] = summarize(recs, s)
     for i, (rec, p) in enumerate(zip(samples, profiled)):
-        rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[min(cfg.num_steps, k_max)][0]
+        s_run = min(cfg.num_steps, k_max)
+        rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
         rec.extra["accepted_per_cycle_by_num_steps"] = {str(s): sims[s][i].accepted_per_cycle for s in sims}
         rec.extra["response_divergence"] = p.divergence
     report = {"schema_version": 1, "config": {**pcfg.as_dict(), **oracle.resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
+              **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings, "provenance": provenance(cfg.seed)}
     if cfg.output_dir:
         from eagle_eval.report import write_report
@@ -347,38 +358,59 @@ def _record(p, d) -> SampleRecord:
 
 
 def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms: tuple | None = None,
-           progress: bool = True) -> dict:
-    """Profile the base config and each `--vary` variant; tabulate tau and modelled speedup per
-    num_steps. server_ms = (draft step ms, target step ms) measured on the user's server."""
+           progress: bool = True, topk_grid=None, draft_tokens_grid=None) -> dict:
+    """Profile the base config and each `--vary` variant (for each topk of the grid, with every
+    num_draft_tokens of the grid from one tree expansion); tabulate tau and modelled speedup per
+    (num_steps, topk, num_draft_tokens). server_ms = (draft step ms, target step ms) from a server."""
     from dataclasses import replace as _replace
 
     from eagle_eval import ablate as abl
     from eagle_eval.report import provenance, write_report
+    from eagle_eval.tree import pool_size
 
     run = _replace(base.run, output_dir=None, resume=False)
     named = [("base", {})] + [abl.parse_variant(v) for v in variants]
+    topks = list(topk_grid or [run.topk])
+    grid = tuple(draft_tokens_grid or ())
+    if any(k > 1 for k in topks) and not grid and run.num_draft_tokens is None:
+        raise ConfigError("a topk > 1 in the grid needs --draft-tokens-grid (or --num-draft-tokens)")
+    k_max = base.max_steps
+    sizes = {s + 1 for s in range(1, k_max + 1)} | set(grid) | ({run.num_draft_tokens} if run.num_draft_tokens else set())
+    server = abl.Costs(server_ms[0] / server_ms[1], {}, "server step times (r = 1)") if server_ms else None
     rows, sections, costs = [], [], None
     for name, overrides in named:
-        res = profile(_replace(base, run=abl.apply(run, overrides)), progress=progress)
-        if costs is None:
-            costs = (abl.Costs(cost_ratio, {}, "given (--cost-ratio; r(k) = 1)") if cost_ratio is not None
-                     else abl.measure_costs(res.oracle, base.max_steps))
-        server = (abl.Costs(server_ms[0] / server_ms[1], {}, "server step times (r(k) = 1)")
-                  if server_ms else None)
-        mine = abl.variant_rows(name, res.report, costs, server)
-        rows += mine
-        sections.append({"variant": name, "overrides": {k: list(v) if isinstance(v, tuple) else v
-                                                        for k, v in overrides.items()},
-                         "aux_layers": res.report["config"]["aux_layers"],
-                         "best_num_steps": abl.best_num_steps(mine),
-                         "best_num_steps_server": abl.best_num_steps(mine, "speedup_server") if server else None,
-                         "by_num_steps": res.report["by_num_steps"]})
-    result = {"schema_version": 1, "config": base.as_dict(),
-              "costs": {"cost_ratio": costs.cost_ratio, "verify_ratio": {str(k): v for k, v in costs.verify_ratio.items()},
+        for k in topks:
+            d_main = None if k == 1 else max(d for d in (grid or (run.num_draft_tokens,))
+                                             if d <= pool_size(k_max, k) + 1)
+            cfg = abl.apply(run, {**overrides, "topk": k, "num_draft_tokens": d_main})
+            res = profile(_replace(base, run=cfg, draft_tokens_grid=grid if k > 1 else None), progress=progress)
+            if costs is None:
+                costs = (abl.Costs(cost_ratio, {}, "given (--cost-ratio; r = 1)") if cost_ratio is not None
+                         else abl.measure_costs(res.oracle, sizes))
+            label = name if len(topks) == 1 else f"{name} topk={k}"
+            shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
+                      if k > 1 and grid else {None: res.report["by_num_steps"]})
+            for d, by_steps in shapes.items():
+                mine = abl.variant_rows(label if d is None else f"{label} D={d}", by_steps, costs, server, k,
+                                        int(d) if d else None)
+                rows += mine
+                best = abl.best_row(mine)
+                sections.append({"variant": mine[0]["variant"], "overrides": {
+                    kk: list(v) if isinstance(v, tuple) else v for kk, v in overrides.items()},
+                    "topk": k, "num_draft_tokens": int(d) if d else None,
+                    "aux_layers": res.report["config"]["aux_layers"],
+                    "best_num_steps": best["num_steps"], "best_speedup_model": best["speedup_model"],
+                    "best_num_steps_server": abl.best_row(mine, "speedup_server")["num_steps"] if server else None,
+                    "by_num_steps": by_steps})
+    overall = abl.best_row(rows)
+    result = {"schema_version": 1, "config": {**base.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid)},
+              "costs": {"cost_ratio": costs.cost_ratio,
+                        "verify_ratio": {str(n): v for n, v in costs.verify_ratio.items()},
                         "source": costs.source, "times_ms": costs.times_ms,
                         "server_ms": {"draft_step": server_ms[0], "target_step": server_ms[1]} if server_ms else None},
-              "speedup_model": "S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), c = T_draft_step / T_target_step, "
-                               "r(k) = T_verify(k+1 tokens) / T_target(1 token)",
+              "speedup_model": "S = (1 + sum_{i<=S} u_i) / (S c + r), c = T_draft_step / T_target_step, "
+                               "r = T_verify(S+1 tokens, or num_draft_tokens for a tree) / T_target(1 token)",
+              "best": {k: overall[k] for k in ("variant", "num_steps", "topk", "num_draft_tokens", "speedup_model")},
               "variants": sections, "rows": rows, "provenance": provenance(run.seed)}
     if base.run.output_dir:
         out = Path(base.run.output_dir)

@@ -106,6 +106,10 @@ def run(**kw):
     except USER_ERRORS as exc:
         fail(str(exc))
     click.echo(render_table(result.report))
+    if result.report["config"].get("sanity"):           # issue 5: load-time checks
+        from eagle_eval.findings import Finding, render_findings
+        click.echo("\nload-time checks\n" + render_findings(
+            [Finding.from_dict(f) for f in result.report["config"]["sanity"]], only_problems=True))
     if config.output_dir:
         click.echo(f"\nwrote {config.output_dir}/report.json and {config.output_dir}/samples.jsonl")
     if result.report["summary"]["lossless"] is False:
@@ -189,7 +193,10 @@ def profile_command(**kw):
               help="c = T_draft_step / T_target_step; default: timed on this device.")
 @click.option("--server-draft-ms", type=float, default=None, help="Your server's draft step time (ms).")
 @click.option("--server-target-ms", type=float, default=None, help="Your server's target decode step time (ms).")
-def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, **kw):
+@click.option("--topk-grid", default=None, help="Tree widths to compare, e.g. 1,2,4 (1 = chain).")
+@click.option("--draft-tokens-grid", default=None,
+              help="num_draft_tokens values for the trees, e.g. 4,8,16 (kept where D <= K + (S-1) K^2 + 1).")
+def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, topk_grid, draft_tokens_grid, **kw):
     """Tau, per-position rates and modelled speedup over num_steps and other axes."""
     from eagle_eval import api
     from eagle_eval.errors import USER_ERRORS
@@ -199,7 +206,8 @@ def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, **kw):
         fail("--server-draft-ms and --server-target-ms go together")
     server = (server_draft_ms, server_target_ms) if server_draft_ms is not None else None
     try:
-        result = api.ablate(build_profile_config(**kw), list(vary), cost_ratio, server)
+        result = api.ablate(build_profile_config(**kw), list(vary), cost_ratio, server,
+                            topk_grid=parse_ids(topk_grid), draft_tokens_grid=parse_ids(draft_tokens_grid))
     except USER_ERRORS as exc:
         fail(str(exc))
     click.echo(render_ablation(result))
@@ -239,6 +247,36 @@ def server_check_command(**kw):
     click.echo(render_server_check(result.report))
     if check_kw["output_dir"]:
         click.echo(f"\nwrote {check_kw['output_dir']}/server_check.json")
+    sys.exit(result.exit_status)
+
+
+@main.command("diagnose")
+@model_options
+@click.option("--train-dump", default=None, metavar="FILE",
+              help="Training hidden-state dump: a SpecForge data_N.ckpt (or its folder) or a safetensors/.pt file "
+                   "with input_ids and aux_hidden_states; each block is matched to an HF index.")
+@click.option("--fingerprint", is_flag=True, default=False,
+              help="Print the first values and norms of each aux feature for the first prompt tokens.")
+@click.option("--sweep/--no-sweep", default=True, show_default=True, help="Profile aux-layer candidates.")
+@click.option("--template-check/--no-template-check", default=True, show_default=True,
+              help="Compare acceptance with the tokenizer's template, raw prompts and --chat-template.")
+@click.option("--prompt-budget", type=int, default=8, show_default=True,
+              help="Questions profiled per candidate when --limit is not given.")
+@click.option("--output-dir", default=None, help="Write diagnosis.json here.")
+def diagnose_command(**kw):
+    """Find train/serve mismatches: load-time checks, aux-layer sweep, training-dump match, chat template.
+    Exit 0 = nothing wrong, 1 = a mismatch or an error-level finding, 2 = bad input."""
+    from eagle_eval.diagnose import DiagnoseConfig, diagnose, render_diagnosis
+    from eagle_eval.errors import USER_ERRORS
+
+    dkw = {k: kw.pop(k) for k in DiagnoseConfig.field_names()}
+    try:
+        result = diagnose(build_config(**kw), DiagnoseConfig(**dkw), progress=True)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    click.echo(render_diagnosis(result.report))
+    if dkw["output_dir"]:
+        click.echo(f"\nwrote {dkw['output_dir']}/diagnosis.json")
     sys.exit(result.exit_status)
 
 

@@ -144,6 +144,7 @@ class ProfileConfig:
     max_steps: int = 8
     responses: str | None = None             # JSONL with `output_ids` or `text` per prompt
     batch_tokens: int = 16384                # padded tokens per teacher-forced batch
+    draft_tokens_grid: tuple[int, ...] | None = None   # trees: also profile these D (by_num_draft_tokens)
 
     def __post_init__(self):
         if self.max_steps < 1:
@@ -155,4 +156,5 @@ class ProfileConfig:
 
     def as_dict(self) -> dict:
         return {**self.run.as_dict(), "max_steps": self.max_steps, "responses": self.responses,
-                "batch_tokens": self.batch_tokens}
+                "batch_tokens": self.batch_tokens,
+                "draft_tokens_grid": list(self.draft_tokens_grid) if self.draft_tokens_grid else None}

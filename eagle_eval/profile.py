@@ -31,7 +31,7 @@ class Profiled:
     continuation: list[int]          # x_T .. x_{T+max_new+max_steps-1} (greedy, not cut at EOS)
     run_lengths: list[int]           # r[k]: correct drafts in a row from the root x_{T+k}, k < max_new
     divergence: dict | None = None   # where given responses departed from the target's argmax
-    tree_runs: dict | None = None    # trees: {S: (run lengths, off-top-1 flags)} for the given K and D
+    tree_runs: dict | None = None    # trees: {(S, D): (run lengths, off-top-1 flags)} for the given K
 
 
 def simulate_cycles(run_lengths: list[int], continuation: list[int], num_steps: int, max_new_tokens: int,
@@ -151,7 +151,7 @@ def _batches(seqs: list[list[int]], extra: int, batch_tokens: int):
 @torch.no_grad()
 def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_steps: int,
                   max_new_tokens: int, pad_id: int, topk: int = 1,
-                  num_draft_tokens: int | None = None) -> list[Profiled]:
+                  tree_shapes: list[tuple[int, int]] | None = None) -> list[Profiled]:
     """One teacher-forced target forward over each prompt + continuation (right-padded batch),
     then the all-starts draft unroll. Continuations must hold max_new_tokens + max_steps tokens."""
     target, head, device = spec.target, spec.head, spec.draft_device
@@ -178,21 +178,23 @@ def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_s
                        divergence=_check_greedy(argmax[row], ids[row], logits[row], t, len(seqs[row])))
         if topk > 1:
             res.tree_runs = _tree_runs(spec, aux[row: row + 1, : len(seqs[row]) - 1], ids[row, : len(seqs[row])],
-                                       t, max_steps, max_new_tokens, topk, num_draft_tokens)
+                                       t, max_steps, max_new_tokens, topk, tree_shapes)
         results.append(res)
     return results
 
 
-def _tree_runs(spec: Speculator, aux, ids, t: int, max_steps: int, max_new: int, topk: int, d: int) -> dict:
-    """{S: (run lengths, off-top-1 flags)} from one all-starts tree expansion of max_steps levels."""
+def _tree_runs(spec: Speculator, aux, ids, t: int, max_steps: int, max_new: int, topk: int,
+               shapes: list[tuple[int, int]]) -> dict:
+    """{(S, D): (run lengths, off-top-1 flags)} for each requested shape, all from ONE all-starts
+    expansion of max_steps levels (the first S levels of a deeper expansion are the S-level one)."""
     starts = torch.arange(t - 1, t - 1 + max_new, device=ids.device)
     pools = unroll_trees(spec.head, aux, spec.embed(ids[None, 1:]), spec.embed, starts, max_steps, topk,
                          spec.position_offset)
     nxt = ids[starts[:, None] + 1 + torch.arange(max_steps + 1, device=ids.device)]   # [P, S+1]
     runs = {}
-    for s in range(1, max_steps + 1):
-        r, off = tree_run_lengths(pools, nxt, s, topk, min(d, pool_size(s, topk) + 1))
-        runs[s] = (r.tolist(), off.tolist())
+    for s, d in shapes:
+        r, off = tree_run_lengths(pools, nxt, s, topk, d)
+        runs[(s, d)] = (r.tolist(), off.tolist())
     return runs
 
 

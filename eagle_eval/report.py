@@ -199,14 +199,19 @@ def render_steps_table(profile_report: dict) -> str:
 
 def render_ablation(result: dict) -> str:
     costs = result["costs"]
+    server = bool(costs.get("server_ms"))
     lines = [f"cost ratio c = {costs['cost_ratio']:.4f} ({costs['source']}); {result['speedup_model']}",
-             f"{'variant':<28} {'S':>2} {'tau':>6} {'speedup':>8}" +
-             (f" {'server':>7}" if costs.get("server_ms") else "")]
+             f"{'variant':<32} {'S':>2} {'K':>2} {'D':>3} {'tau':>6} {'speedup':>8}" + (f" {'server':>7}" if server else "")]
     for r in result["rows"]:
-        lines.append(f"{r['variant'][:28]:<28} {r['num_steps']:>2} {_fmt(r['tau']):>6} {r['speedup_model']:>8.3f}" +
+        lines.append(f"{r['variant'][:32]:<32} {r['num_steps']:>2} {r['topk']:>2} {r['num_draft_tokens']:>3} "
+                     f"{_fmt(r['tau']):>6} {r['speedup_model']:>8.3f}" +
                      (f" {r['speedup_server']:>7.3f}" if "speedup_server" in r else ""))
     for v in result["variants"]:
         extra = (f", {v['best_num_steps_server']} with server step times" if v.get("best_num_steps_server") else "")
-        lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup){extra}")
+        lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup "
+                     f"{v['best_speedup_model']:.3f}){extra}")
+    b = result["best"]
+    lines.append(f"best overall: {b['variant']} num_steps={b['num_steps']} topk={b['topk']} "
+                 f"num_draft_tokens={b['num_draft_tokens']} (modelled speedup {b['speedup_model']:.3f})")
     lines += [f"WARNING: {w}" for w in result.get("warnings", [])]
     return "\n".join(lines)

@@ -28,8 +28,8 @@ def test_variant_rows_by_hand():
                                    "per_position": [{"unconditional_rate": a / cycles, "conditional_rate": None}
                                                     for a in acc]}
     report = {"by_num_steps": {"1": section(10, [8]), "2": section(10, [8, 4])}}
-    costs = Costs(cost_ratio=0.5, verify_ratio={1: 1.0, 2: 1.5}, source="given")
-    rows = variant_rows("base", report, costs, Costs(0.1, {}, "server"))
+    costs = Costs(cost_ratio=0.5, verify_ratio={2: 1.0, 3: 1.5}, source="given")   # by verify tokens
+    rows = variant_rows("base", report["by_num_steps"], costs, Costs(0.1, {}, "server"))
     assert rows[0]["speedup_model"] == pytest.approx(1.8 / (0.5 + 1.0))
     assert rows[1]["speedup_model"] == pytest.approx(2.2 / (1.0 + 1.5))
     assert rows[1]["speedup_server"] == pytest.approx(2.2 / (0.2 + 1.0))
@@ -82,7 +82,7 @@ def test_ablate_measures_costs_when_not_given(pair, tmp_path):
     run = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=8)
     result = api.ablate(ProfileConfig(run=run, max_steps=2), [], progress=False)
     times = result["costs"]["times_ms"]
-    assert times["target_1_token"] > 0 and times["draft_step"] > 0 and set(times["verify"]) == {"1", "2"}
+    assert times["target_1_token"] > 0 and times["draft_step"] > 0 and set(times["verify"]) == {"2", "3"}
     assert result["costs"]["cost_ratio"] == pytest.approx(times["draft_step"] / times["target_1_token"])
 
 
@@ -96,3 +96,27 @@ def test_profile_cli(pair, tmp_path):
     bad = CliRunner().invoke(main, ["profile", "--target", str(target), "--draft", str(head),
                                     "--prompts", str(prompts), "--max-steps", "0"])
     assert bad.exit_code == 2 and "--max-steps must be >= 1" in bad.output
+
+
+def test_ablate_tree_grid(pair, tmp_path):
+    """One profile per topk serves every (S, D) of the grid; rows respect D <= K + (S-1) K^2 + 1."""
+    from eagle_eval import api
+    from eagle_eval.config import ProfileConfig, RunConfig
+
+    target, head, prompts = pair
+    run = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=12)
+    result = api.ablate(ProfileConfig(run=run, max_steps=3), [], cost_ratio=0.05, progress=False,
+                        topk_grid=(1, 2), draft_tokens_grid=(4, 8))
+    shapes = {(r["topk"], r["num_draft_tokens"], r["num_steps"]) for r in result["rows"]}
+    assert {(1, 2, 1), (1, 3, 2), (1, 4, 3)} <= shapes                       # chains verify S + 1
+    assert (2, 4, 2) in shapes and (2, 8, 2) not in shapes and (2, 8, 3) in shapes   # pool(2, 2) = 6
+    for r in result["rows"]:
+        u = sum(r[f"u_{i}"] for i in range(1, r["num_steps"] + 1))
+        assert r["speedup_model"] == pytest.approx((1 + u) / (r["num_steps"] * 0.05 + 1.0))
+    # each tree row equals a direct profile of that (K, D)
+    direct = api.profile(ProfileConfig(run=RunConfig(**{**run.as_dict(), "aux_layers": None, "topk": 2,
+                                                        "num_draft_tokens": 4}), max_steps=3), progress=False)
+    row = next(r for r in result["rows"] if (r["topk"], r["num_draft_tokens"], r["num_steps"]) == (2, 4, 3))
+    assert row["tau"] == direct.report["by_num_steps"]["3"]["summary"]["accept_length"]
+    best = max(result["rows"], key=lambda r: r["speedup_model"])
+    assert result["best"]["speedup_model"] == best["speedup_model"]
