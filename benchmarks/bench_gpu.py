@@ -151,10 +151,13 @@ def bench_profile(oracle, prompts, max_steps, max_new, loop_prompts, tmp):
     pfile.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = RunConfig(prompts=str(pfile), max_new_tokens=max_new, num_steps=5)
     oracle.config = run
+    log = lambda msg: print(f"  [profile] {msg} at {time.perf_counter() - t_start:.1f}s", flush=True)  # noqa: E731
+    t_start = time.perf_counter()
     t0 = time.perf_counter()
     res = profile(ProfileConfig(run=run, max_steps=max_steps, batch_tokens=32768), progress=False, oracle=oracle)
     sync()
     t_profile = time.perf_counter() - t0
+    log("profile with generation done")
     resp = Path(tmp) / "responses.jsonl"
     resp.write_text("".join(json.dumps({"id": s.id, "output_ids": s.output_ids}) + "\n" for s in res.samples))
     t0 = time.perf_counter()
@@ -162,6 +165,7 @@ def bench_profile(oracle, prompts, max_steps, max_new, loop_prompts, tmp):
             oracle=oracle)
     sync()
     t_responses = time.perf_counter() - t0
+    log("profile with responses done")
     # the profile step alone vs a plain teacher-forced forward of the same batch
     from eagle_eval import profile as prof
     need = max_new + max_steps
@@ -170,7 +174,8 @@ def bench_profile(oracle, prompts, max_steps, max_new, loop_prompts, tmp):
     n_tokens = sum(len(p) + len(c) for p, c in zip(prompts, conts))
     t_step = timed(lambda: prof.profile_batch(spec, items, max_steps, max_new, 0), reps=3)
     ids = torch.tensor([p + c for p, c in zip(prompts[:16], conts)])
-    t_forward = timed(lambda: spec.target.forward(ids, None), reps=3)
+    t_forward = timed(lambda: spec.target.forward(ids, None, upcast=False), reps=3)
+    log("profile step vs forward done")
     # the loop once per S on a subset, scaled to all prompts (cycles are independent per prompt)
     t0 = time.perf_counter()
     agree = True
@@ -246,7 +251,7 @@ def main():
     gpu = torch.cuda.is_available() and not args.tiny
     device, dtype = ("cuda:0", torch.bfloat16) if gpu else ("cpu", torch.float32)
     shape = "tiny" if args.tiny else "8b"
-    n_prompts, new, loop_prompts = (8, 24, 2) if args.tiny else (64, 256, 2)
+    n_prompts, new, loop_prompts = (8, 24, 1) if args.tiny else (64, 256, 1)
     t0 = time.perf_counter()
     model, head = build(shape, device, dtype)
     print(f"built {shape} target + head on {device} in {time.perf_counter() - t0:.1f}s", flush=True)
@@ -262,18 +267,21 @@ def main():
     if "tree" in sections:
         results["tree"] = bench_tree(oracle, prompts[0], 5, 4, [8, 16, 32, 64])
         print(json.dumps(results["tree"]), flush=True)
+    if "split" in sections and gpu and torch.cuda.device_count() >= 2:
+        single = bench_loop(oracle, prompts, 5, 128)
+        model = split_two_gpus(model)
+        oracle2 = make_oracle(model, head, 5, 128)
+        split = bench_loop(oracle2, prompts, 5, 128)
+        results["split"] = {**{k: v for k, v in split.items() if k != "tokens"},
+                            "single_gpu_ms_per_cycle": single["loop_ms_per_cycle"],
+                            "devices": sorted({str(p.device) for p in model.parameters()}),
+                            "tokens_equal_single_gpu": split["tokens"] == single["tokens"]}
+        print(json.dumps(results["split"]), flush=True)
+        oracle = oracle2
     if "profile" in sections:
         import tempfile
         results["profile"] = bench_profile(oracle, prompts, 8, new, loop_prompts, tempfile.mkdtemp())
         print(json.dumps(results["profile"]), flush=True)
-    if "split" in sections and gpu and torch.cuda.device_count() >= 2 and "loop" in results:
-        model = split_two_gpus(model)
-        oracle2 = make_oracle(model, head, 5, results["loop"]["new_tokens"])
-        split = bench_loop(oracle2, prompts, 5, results["loop"]["new_tokens"])
-        results["split"] = {**{k: v for k, v in split.items() if k != "tokens"},
-                            "devices": sorted({str(p.device) for p in model.parameters()}),
-                            "tokens_equal_single_gpu": split["tokens"] == results["loop"]["tokens"]}
-        print(json.dumps(results["split"]), flush=True)
     if "loop" in results:
         results["loop"].pop("tokens")
     Path(args.out).mkdir(parents=True, exist_ok=True)

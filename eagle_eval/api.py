@@ -279,28 +279,44 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
     need = cfg.max_new_tokens + k_max
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
     if pcfg.responses:
-        conts = [c[:need] for c in _read_responses(pcfg.responses, prompts, tok)]
+        conts = _extend(spec, prompts, [c[:need] for c in _read_responses(pcfg.responses, prompts, tok)],
+                        need, pad, pcfg.batch_tokens)
     else:
         conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, pcfg.batch_tokens)
-    profiled: list = [None] * len(prompts)
-    divergences = []
     # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
     d_main = {s: min(oracle.resolved["num_draft_tokens"], pool_size(s, cfg.topk) + 1) for s in range(1, k_max + 1)}
     grid = [(s, d) for d in (pcfg.draft_tokens_grid or ()) for s in range(1, k_max + 1)
             if 2 <= d <= pool_size(s, cfg.topk) + 1]
-    shapes = sorted(set(d_main.items()) | set(grid))
-    batches = list(prof._batches([p.input_ids + c for p, c in zip(prompts, conts)], 0, pcfg.batch_tokens))
-    for batch in tqdm(batches, desc="profile", unit="batch", disable=not progress):
-        items = [(prompts[i], _complete(spec, prompts[i], conts[i], need, pad)) for i in batch]
-        tree = (cfg.topk, shapes) if cfg.topk > 1 else (1, None)
-        for i, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad, *tree)):
-            if res.divergence is not None:    # not the target's greedy: profile greedy from there on
-                divergences.append({"id": res.prompt.id, **res.divergence})
-                cont = res.continuation[: res.divergence["position"]]
-                res = prof.profile_batch(spec, [(res.prompt, _complete(spec, res.prompt, cont, need, pad))],
-                                         k_max, cfg.max_new_tokens, pad, *tree)[0]
-                res.divergence = divergences[-1]
+    tree = (cfg.topk, sorted(set(d_main.items()) | set(grid))) if cfg.topk > 1 else (1, None)
+
+    def run_profile(indices, desc):
+        out = {}
+        seqs = [prompts[i].input_ids + conts[i] for i in indices]
+        for batch in tqdm(list(prof._batches(seqs, 0, pcfg.batch_tokens)), desc=desc, unit="batch",
+                          disable=not progress):
+            items = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
+            for j, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad, *tree)):
+                out[indices[j]] = res
+        return out
+
+    profiled = run_profile(list(range(len(prompts))), "profile")
+    divergences = [{"id": profiled[i].prompt.id, **profiled[i].divergence}
+                   for i in range(len(prompts)) if profiled[i].divergence is not None]
+    numeric = []
+    if pcfg.responses and divergences:
+        # responses that are not the target's greedy: profile the greedy sequence from the divergence on
+        bad = [i for i in range(len(prompts)) if profiled[i].divergence is not None]
+        cut = [conts[i][: profiled[i].divergence["position"]] for i in bad]
+        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, pcfg.batch_tokens)):
+            conts[i] = c
+        for i, res in run_profile(bad, "re-profile").items():
+            res.divergence = profiled[i].divergence
             profiled[i] = res
+    elif divergences:
+        # our own batched greedy vs the teacher-forced argmax: rounding (near-ties, e.g. in bf16), kept
+        numeric, divergences = divergences, []
+    profiled = [profiled[i] for i in range(len(prompts))]
+
     def simulate(p, s, d=None):
         if p.tree_runs is None:
             return prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens, oracle.eos_ids)
@@ -327,6 +343,7 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
         rec.extra["response_divergence"] = p.divergence
     report = {"schema_version": 1, "config": {**pcfg.as_dict(), **oracle.resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
+              "numeric_divergences": numeric,
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings, "provenance": provenance(cfg.seed)}
     if cfg.output_dir:
@@ -338,14 +355,21 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
     return ProfileResult(report=report, samples=samples, oracle=oracle)
 
 
-def _complete(spec, prompt: Prompt, cont: list[int], need: int, pad: int) -> list[int]:
-    """Extend a continuation greedily to `need` tokens (responses stop at max_new_tokens or EOS)."""
+def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad: int,
+            batch_tokens: int) -> list[list[int]]:
+    """Extend continuations greedily to `need` tokens, in batches (responses stop at max_new_tokens
+    or EOS; the loop's last verify looks num_steps tokens further)."""
     from eagle_eval import profile as prof
 
-    if len(cont) >= need:
-        return cont[:need]
-    more = prof.greedy_continuations(spec, [prompt.input_ids + cont], need - len(cont), pad, 1 << 30)[0]
-    return cont + more
+    short = [i for i, c in enumerate(conts) if len(c) < need]
+    out = [c[:need] for c in conts]
+    if short:
+        missing = max(need - len(conts[i]) for i in short)
+        more = prof.greedy_continuations(spec, [prompts[i].input_ids + conts[i] for i in short], missing, pad,
+                                         batch_tokens)
+        for i, m in zip(short, more):
+            out[i] = (conts[i] + m)[:need]
+    return out
 
 
 def _record(p, d) -> SampleRecord:

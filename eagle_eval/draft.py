@@ -115,14 +115,15 @@ class DraftState:
 
 
 def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor,
-                  num_steps: int, position_offset: int = 0) -> list[torch.Tensor]:
+                  num_steps: int, position_offset: int = 0, argmax_only: bool = False) -> list[torch.Tensor]:
     """Run the draft chain from EVERY start pair at once (the training-time-test attention pattern).
 
     aux [B, T, k*H_t]: target features of x_0..x_{T-1}; token_embeds [B, T, H]: embeddings of
     x_1..x_T (the next token at each position). Returns `num_steps` logits tensors [B, T, V_d]
     (float32, draft vocab): step j's logits at position q are the (j+1)-th draft of the chain that
     starts at real pair p = q - j, teacher-forced on the true tokens, and predict x_{q+2}. Entries
-    with q < j have no valid start and are garbage.
+    with q < j have no valid start and are garbage. With `argmax_only`, each step gives the drafted
+    target ids [B, T] instead (no [B, T, V_d] float32 tensor is kept).
 
     Step j's query at position q attends to the real pairs 0..q-j and to the speculative entries of
     steps 1..j of its own chain (at positions q-j+1..q), exactly as the j-th step of the loop does.
@@ -164,7 +165,8 @@ def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tenso
                 (probs[..., t:].unsqueeze(-1) * spec_v).sum(-2)
         ctx = attn.o_proj(ctx.transpose(1, 2).reshape(b, t, -1))
         out = head.finish(residual, ctx)
-        logits.append(head.logits(out))
+        step = head.lm_head(head.norm(out))
+        logits.append(head.to_target_ids(step.argmax(-1)) if argmax_only else step.float())
     return logits
 
 

@@ -34,6 +34,7 @@ def _curves(ax, results: list[Result]) -> None:
         color = f"C{k}"
         ax.plot(pos, [p["conditional_rate"] for p in pp], "o-", color=color, label=f"{r.label}: a_i (cond.)")
         ax.plot(pos, [p["unconditional_rate"] for p in pp], "s--", color=color, label=f"{r.label}: u_i (uncond.)")
+    ax.set_xticks(sorted({p["position"] for r in results for p in r.report["per_position"]}))
     ax.set_xlabel("draft position i")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)

@@ -163,12 +163,13 @@ def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_s
         ids[row, : len(s)] = torch.tensor(s)
         mask[row, : len(s)] = 1
     with FeatureCapture(target.layers, spec.aux_hf, device) as cap:
-        logits = target.forward(ids, None, attention_mask=mask)               # [B, W, V]
+        logits = target.forward(ids, None, attention_mask=mask, upcast=False)  # [B, W, V]
         aux = cap.pop()                                                        # [B, W, k*H_t]
     ids = ids.to(device)
     argmax = logits.argmax(-1).to(device)
-    steps = unroll_chains(head, aux[:, :-1], spec.embed(ids[:, 1:]), max_steps, spec.position_offset)
-    preds = torch.stack([head.to_target_ids(s.argmax(-1)) for s in steps], dim=1)   # [B, K, W-1]
+    steps = unroll_chains(head, aux[:, :-1], spec.embed(ids[:, 1:]), max_steps, spec.position_offset,
+                          argmax_only=True)
+    preds = torch.stack(steps, dim=1)                                                # [B, K, W-1]
     results = []
     for row, (prompt, cont) in enumerate(items):
         t = len(prompt.input_ids)

@@ -191,6 +191,10 @@ def render_steps_table(profile_report: dict) -> str:
         lines.append(f"{s:>2}  {sec['summary']['cycles']:>8}  {_fmt(sec['summary']['accept_length'])}  "
                      + "  ".join(_fmt(x) for x in u))
     lines.append("tau = mean (accepted + 1) per cycle; u_i = P(>= i drafts accepted)")
+    numeric = profile_report.get("numeric_divergences", [])
+    if numeric:
+        lines.append(f"note: {len(numeric)} generated continuation(s) differ from the teacher-forced argmax "
+                     f"(rounding at near-ties; smallest margin {min(d['margin'] for d in numeric):.4f})")
     for d in profile_report.get("response_divergences", []):
         lines.append(f"WARNING: response {d['id']} departs from the target's argmax at position "
                      f"{d['position']} (margin {d['margin']:.3f}); profiled the greedy sequence from there")

@@ -65,9 +65,10 @@ def render_groups(report: dict, markdown: bool = False) -> str:
     src = cfg.get("dataset_source") or {}
     pf = cfg.get("prompt_format") or {}
     sha = cfg.get("template_sha256")
-    lines = [f"data        {src.get('path', '-')}  (format {cfg.get('dataset_format', '-')}, "
+    lead = "- " if markdown else ""
+    lines = [f"{lead}data        {src.get('path', '-')}  (format {cfg.get('dataset_format', '-')}, "
              f"{src.get('questions_used', '-')} of {src.get('questions_read', '-')} questions)",
-             f"chat tmpl   {pf.get('chat_template', '-')}" + (f"  sha256 {sha[:16]}..." if sha else ""), ""]
+             f"{lead}chat tmpl   {pf.get('chat_template', '-')}" + (f"  sha256 {sha[:16]}..." if sha else ""), ""]
     lines += group_table([("all", report)] + list(report["by_category"].items()), "category", markdown)
     if len(report.get("by_turn", {})) > 1:
         lines += [""] + group_table(list(report["by_turn"].items()), "turn", markdown)

@@ -78,15 +78,16 @@ class Target:
         return DynamicCache(config=self.model.config)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, cache, position_ids=None, attention_mask=None) -> torch.Tensor:
-        """ids [B, T] appended after the cache -> logits [B, T, V] float32 on the output device."""
+    def forward(self, ids: torch.Tensor, cache, position_ids=None, attention_mask=None,
+                upcast: bool = True) -> torch.Tensor:
+        """ids [B, T] appended after the cache -> logits [B, T, V] (float32 unless `upcast=False`)."""
         kwargs = {self._cache_kw: cache, "use_cache": True}
         if position_ids is not None:
             kwargs["position_ids"] = position_ids.to(self.input_device)
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask.to(self.input_device)
         out = self.model(input_ids=ids.to(self.input_device), **kwargs)
-        return out.logits.float()
+        return out.logits.float() if upcast else out.logits
 
     @staticmethod
     def cache_len(cache) -> int:

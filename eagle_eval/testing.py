@@ -164,8 +164,9 @@ def assert_same_tokens(expected: Expected, actual_ids, tie_margin: float = 0.0) 
         raise AssertionError(f"prompt {expected.id!r}: server output differs from the oracle: {detail}")
     pos, s, o = div["position"], div["server_token"], div["oracle_token"]
     margin = div.get("margin")
-    why = (f"target logit margin {margin:.4g} (oracle token's logit minus the server token's; "
-           f"{'a near-tie: numerics' if abs(margin) < max(tie_margin, 1e-3) else 'not a near-tie: a logic bug'})"
+    kind = "a near-tie: numerics" if margin is not None and abs(margin) < max(tie_margin, 1e-3) else \
+        "not a near-tie: a logic error, not numerics"
+    why = (f"target logit margin {margin:.4g} (oracle token's logit minus the server token's; {kind})"
            if margin is not None else div.get("reason", ""))
     lo = max(0, pos - 3)
     raise AssertionError(

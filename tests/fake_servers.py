@@ -17,6 +17,7 @@ RunConfig (see test_server_check.py); the faults here change what goes over the 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -27,6 +28,10 @@ import torch
 from eagle_eval.acceptance import AcceptanceCounts
 from eagle_eval.records import Prompt
 
+# one decode at a time across ALL fake servers: servers share cached oracles (and so target models, whose
+# capture hooks are per model), and a `slow` handler may still be running after its test has ended
+_DECODE_LOCK = threading.Lock()
+
 FAULTS = ("draft_tokens_info", "non_greedy", "no_verify_ct", "http_500", "malformed_json", "slow")
 
 
@@ -35,7 +40,6 @@ class Engine:
         assert fault is None or fault in FAULTS, fault
         self.oracle, self.backend, self.fault = oracle, backend, fault
         self.num_steps = oracle.config.num_steps
-        self.lock = threading.Lock()
         self.log_path, self.log_interval = log_path, log_interval
         self.window = [0, 0]                     # accepted tokens incl. bonus, verify steps
         self.total = [0, 0]
@@ -54,7 +58,7 @@ class Engine:
                 self.per_pos.labels("fake-model", "0", str(i))
 
     def decode(self, input_ids: list[int], max_new_tokens: int):
-        with self.lock:
+        with _DECODE_LOCK:
             oracle = self.oracle
             if max_new_tokens != oracle.config.max_new_tokens:
                 from dataclasses import replace
@@ -165,11 +169,18 @@ def _handler(engine: Engine):
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):   # client gave up (timeout)
+            super().handle_error(request, client_address)
+
+
 @contextmanager
 def serve(engine: Engine):
     """Run `engine` on 127.0.0.1 at a free port; yields the base URL."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
-    httpd.daemon_threads = True
+    httpd = _Server(("127.0.0.1", 0), _handler(engine))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

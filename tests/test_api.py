@@ -38,11 +38,6 @@ def test_sglang_topk1_adjustment(tiny):
     assert oracle.resolved["num_draft_tokens"] == 4 and oracle.resolved["num_draft_tokens_given"] == 8
 
 
-def test_tree_is_refused_for_now(tiny):
-    with pytest.raises(ConfigError, match="topk > 1"):
-        api.load_oracle(_cfg(tiny, topk=4))
-
-
 def test_embedding_rule(tiny, tmp_path):
     own = make_head(tmp_path / "own", with_embedding=True)
     cfg = dict(target=str(tiny["target"]), draft=str(own), prompts=str(tiny["prompts"]))

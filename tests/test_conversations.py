@@ -1,6 +1,7 @@
 """Multi-turn construction: turn 2 is built from the target's own answer to turn 1; turns are
 recorded separately and reported separately (by_turn) and together (summary)."""
 
+import json
 from pathlib import Path
 
 from eagle_eval import api
@@ -75,3 +76,26 @@ def test_resume_rebuilds_turn_two_from_the_saved_first_answer(tiny, tmp_path):
     resumed = api.evaluate(RunConfig(**cfg, resume=True), progress=False).report
     for key in ("summary", "per_position", "histogram", "by_category", "by_turn"):
         assert resumed[key] == full[key]
+
+
+def test_cli_dataset_options_reach_the_report(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from eagle_eval.cli import main, run
+
+    assert set(RunConfig.field_names()) <= {p.name for p in run.params}     # flags mirror the fields
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, [
+        "run", "--target", str(tiny["target"]), "--draft", str(tiny["head"]), "--dataset", str(DATA / "sharegpt.json"),
+        "--categories", "sharegpt", "--shuffle-seed", "1", "--limit", "1", "--system-prompt", "w9",
+        "--max-new-tokens", "4", "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    cfg = report["config"]
+    assert (cfg["dataset_format"], cfg["categories"], cfg["shuffle_seed"], cfg["limit"]) == \
+        ("sharegpt", ["sharegpt"], 1, 1)
+    assert report["sample_prompt"].startswith("<|system|> w9 <|user|> ")
+    assert (out / "acceptance.csv").is_file()
+    bad = CliRunner().invoke(main, ["run", "--target", str(tiny["target"]), "--draft", str(tiny["head"]),
+                                    "--dataset", str(DATA / "gsm8k_test.jsonl"), "--categories", "poetry"])
+    assert bad.exit_code == 2 and "gsm8k_test.jsonl: --categories 'poetry' matches no question" in bad.stderr

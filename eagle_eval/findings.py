@@ -1,0 +1,76 @@
+"""Findings: what `diagnose` and the load-time checks report, one line each (no torch).
+
+Contract: a finding is (severity, code, message[, detail]); `severity` is `info`, `warning` or
+`error`; `code` is a stable kebab-case identifier tests and scripts can match; `message` is one line
+that says what was measured and why it matters. `exit_status` is 1 when any finding is an error
+(every mismatch is reported as an error), else 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str
+    code: str
+    message: str
+    detail: dict = field(default_factory=dict)     # machine-readable numbers behind the message
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+    def as_dict(self) -> dict:
+        out = {"severity": self.severity, "code": self.code, "message": self.message}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        return cls(d["severity"], d["code"], d["message"], d.get("detail") or {})
+
+
+def info(code: str, message: str, **detail) -> Finding:
+    return Finding("info", code, message, detail)
+
+
+def warning(code: str, message: str, **detail) -> Finding:
+    return Finding("warning", code, message, detail)
+
+
+def error(code: str, message: str, **detail) -> Finding:
+    return Finding("error", code, message, detail)
+
+
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Errors first, then warnings, then info; stable within a severity.
+
+    >>> [f.code for f in by_severity([info("a", ""), error("b", ""), warning("c", "")])]
+    ['b', 'c', 'a']
+    """
+    return sorted(findings, key=lambda f: -SEVERITIES.index(f.severity))
+
+
+def exit_status(findings: list[Finding]) -> int:
+    """1 when any finding is an error, else 0.
+
+    >>> exit_status([info("a", ""), warning("b", "")]), exit_status([error("c", "")])
+    (0, 1)
+    """
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def render_findings(findings: list[Finding], only_problems: bool = False) -> str:
+    """A table: severity, code, message; with only_problems, info lines are counted, not shown."""
+    shown = [f for f in by_severity(findings) if not (only_problems and f.severity == "info")]
+    width = max((len(f.code) for f in shown), default=4)
+    lines = [f"{f.severity.upper():<7} {f.code:<{width}}  {f.message}" for f in shown]
+    if only_problems:
+        passed = len(findings) - len(shown)
+        lines.append(f"({passed} check(s) passed or informational; `eagle-eval diagnose` shows them all)")
+    return "\n".join(lines)

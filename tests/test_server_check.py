@@ -1,0 +1,214 @@
+"""server-check against local fake SGLang / vLLM servers (127.0.0.1 only) backed by the oracle.
+
+The faithful server must agree; each injected fault must be caught, and for the wiring faults the
+hypothesis matching must name the fault that was injected. The faulty servers' oracles are built from
+a changed RunConfig (not through the hypotheses' own variant code), so naming the fault is a real test.
+"""
+
+import json
+import socket
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from eagle_eval import api
+from eagle_eval.cli import main
+from eagle_eval.config import RunConfig
+from eagle_eval.server import ServerError
+from eagle_eval.server_check import ServerCheckConfig, run_server_check
+from fake_servers import Engine, serve
+from trained import AUX_HF, NEW_TOKENS, NUM_PROMPTS, NUM_STEPS, trained
+
+# wiring faults as a server would have them, written as the RunConfig that reproduces each
+WIRING_FAULTS = {
+    "aux_hf_plus_1": dict(aux_layers=tuple(i + 1 for i in AUX_HF), aux_convention="hf"),
+    "aux_hf_minus_1": dict(aux_layers=tuple(i - 1 for i in AUX_HF), aux_convention="hf"),
+    "embedding_for_lowest": dict(aux_layers=(0,) + AUX_HF[1:], aux_convention="hf"),
+    "position_offset": dict(position_offset=1),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return trained(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def run_config(models):
+    return RunConfig(target=str(models["target"]), draft=str(models["head"]), prompts=str(models["prompts"]),
+                     num_steps=NUM_STEPS, max_new_tokens=NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def checker(run_config):
+    return api.load_oracle(run_config)
+
+
+@pytest.fixture(scope="module")
+def server_oracle(run_config):
+    cache = {}
+
+    def get(fault=None):
+        if fault not in cache:
+            cache[fault] = api.load_oracle(replace(run_config, **WIRING_FAULTS.get(fault, {})))
+        return cache[fault]
+    return get
+
+
+def _check(run_config, checker, url, backend, **kw):
+    cfg = ServerCheckConfig(backend=backend, url=url, metrics_settle=0, retries=0, **kw)
+    return run_server_check(run_config, cfg, oracle=checker)
+
+
+def _cli(run_config, *args):
+    base = ["server-check", "--target", run_config.target, "--draft", run_config.draft, "--prompts",
+            run_config.prompts, "--num-steps", str(NUM_STEPS), "--max-new-tokens", str(NEW_TOKENS),
+            "--metrics-settle", "0"]
+    return CliRunner().invoke(main, base + list(args))
+
+
+@pytest.mark.parametrize("backend", ["sglang", "vllm"])
+def test_faithful_server_agrees(run_config, checker, server_oracle, backend):
+    with serve(Engine(server_oracle(), backend)) as url:
+        result = _check(run_config, checker, url, backend)
+    r = result.report
+    assert result.exit_status == 0 and r["verdict"] == "agree" and r["reasons"] == []
+    assert r["tokens"]["equal"] == NUM_PROMPTS and not r["divergences"]
+    acc = r["acceptance"]
+    assert acc["requests_compared"] == NUM_PROMPTS and acc["relative_difference"] == 0
+    assert acc["per_request"]["counts_equal"] == NUM_PROMPTS        # verify steps, accepted, histogram/per-pos
+    assert acc["oracle"] > 3.0                                     # the trained head accepts most drafts
+    assert all(s["ok"] in (True, None) for s in r["server"]["settings_check"])
+    dist = r["distribution"]["histogram" if backend == "sglang" else "per_position"]
+    if backend == "sglang":
+        assert dist["oracle"] == dist["server"] == r["histogram"]
+    else:
+        assert all(p["oracle_accepted"] == p["server_accepted"] for p in dist)
+    assert r["hypotheses"] is None
+
+
+@pytest.mark.parametrize("backend, fault", [("sglang", f) for f in WIRING_FAULTS] +
+                         [("vllm", "aux_hf_plus_1"), ("vllm", "position_offset")])
+def test_wiring_fault_is_caught_and_named(run_config, checker, server_oracle, backend, fault):
+    with serve(Engine(server_oracle(fault), backend)) as url:
+        result = _check(run_config, checker, url, backend)
+    r = result.report
+    assert result.exit_status == 1 and r["verdict"] == "disagree"
+    assert r["tokens"]["equal"] == NUM_PROMPTS            # a wiring fault costs speed, never tokens
+    assert r["acceptance"]["within_tolerance"] is False
+    assert r["acceptance"]["server"] < r["acceptance"]["oracle"]
+    hyp = r["hypotheses"]
+    assert hyp["best"] == fault and hyp["tied"] == [fault]
+    best = hyp["ranking"][0]
+    assert best["mean_abs_difference"] == 0 and best["exact_requests"] == NUM_PROMPTS
+    faithful = next(h for h in hyp["ranking"] if h["name"] == "as_configured")
+    assert faithful["mean_abs_difference"] > 0.2
+
+
+def test_unadjusted_num_draft_tokens_is_a_settings_mismatch(run_config, checker, server_oracle):
+    with serve(Engine(server_oracle(), "sglang", fault="draft_tokens_info")) as url:
+        result = _check(run_config, checker, url, "sglang")
+    row = next(s for s in result.report["server"]["settings_check"] if s["setting"] == "speculative_num_draft_tokens")
+    assert row["ok"] is False and row["server"] == 8 and row["oracle"] == NUM_STEPS + 1
+    assert "not adjusted" in row["note"]
+    assert result.exit_status == 1 and result.report["acceptance"]["within_tolerance"] is True
+    assert any("speculative_num_draft_tokens" in reason for reason in result.report["reasons"])
+
+
+def test_topk1_adjustment_is_expected(run_config, server_oracle):
+    asked = replace(run_config, num_draft_tokens=8)             # SGLang turns this into num_steps + 1
+    with pytest.warns(UserWarning, match="adjusted"):
+        oracle = api.load_oracle(asked)
+    with serve(Engine(server_oracle(), "sglang")) as url:
+        result = _check(asked, oracle, url, "sglang")
+    row = next(s for s in result.report["server"]["settings_check"] if s["setting"] == "speculative_num_draft_tokens")
+    assert row["ok"] is True and "adjustment applied (asked 8, used 4)" in row["note"]
+    assert result.exit_status == 0
+
+
+@pytest.mark.parametrize("backend", ["sglang", "vllm"])
+def test_non_greedy_output_is_reported_with_the_margin(run_config, checker, server_oracle, backend):
+    with serve(Engine(server_oracle(), backend, fault="non_greedy")) as url:
+        result = _check(run_config, checker, url, backend)
+    r = result.report
+    assert result.exit_status == 1 and r["tokens"]["mismatch"] == NUM_PROMPTS
+    d = r["divergences"][0]
+    assert d["kind"] == "mismatch" and d["position"] == 3 and d["server_token"] != d["oracle_token"]
+    assert d["margin"] > 1.0 and d["margin"] == pytest.approx(d["logit_oracle"] - d["logit_server"])
+    assert r["acceptance"]["requests_compared"] == 0                # a different workload is not compared
+    assert "differ from the oracle's greedy output" in r["reasons"][0]
+
+
+def test_missing_spec_verify_ct_is_incomplete(run_config, checker, server_oracle):
+    with serve(Engine(server_oracle(), "sglang", fault="no_verify_ct")) as url:
+        result = _check(run_config, checker, url, "sglang")
+    assert result.exit_status == 3 and result.report["verdict"] == "incomplete"
+    assert result.report["tokens"]["equal"] == NUM_PROMPTS
+    assert "spec_verify_ct" in result.report["reasons"][0]
+    assert any("speculative decoding is off" in w for w in result.report["warnings"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("backend, fault, message", [
+    ("sglang", "http_500", "/generate answered HTTP 500: {\"error\": \"CUDA error"),
+    ("sglang", "malformed_json", "/generate answered with a body that is not JSON: <html>502 Bad Gateway"),
+    ("sglang", "slow", "/generate did not answer within 0.5 s (--timeout)"),
+    ("vllm", "http_500", "/v1/completions answered HTTP 500"),
+    ("vllm", "malformed_json", "/v1/completions answered with a body that is not JSON"),
+    ("vllm", "slow", "/v1/completions did not answer within 0.5 s (--timeout)"),
+])
+def test_transport_errors_are_one_clear_line(run_config, checker, server_oracle, backend, fault, message):
+    with serve(Engine(server_oracle(), backend, fault=fault)) as url:
+        with pytest.raises(ServerError) as info:
+            _check(run_config, checker, url, backend, timeout=0.5)
+    text = str(info.value)
+    assert message in text and url in text and "\n" not in text
+
+
+def test_cli_refused_connection_exits_2_with_one_line(run_config):
+    """Checked before the target is loaded; the CLI prints USER_ERRORS as one line, exit status 2."""
+    result = _cli(run_config, "--backend", "sglang", "--url", f"http://127.0.0.1:{_free_port()}")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"eagle-eval: error: cannot connect to {result.stderr.split()[5]} "
+                                     "([Errno 111] Connection refused): is the server running at --url?")
+    assert "Loading weights" not in result.stderr          # failed before loading the target
+
+
+def test_cli_report_and_sglang_log(run_config, server_oracle, tmp_path):
+    log = tmp_path / "sglang.log"
+    # earlier traffic in the same log must not count: only lines appended during the check do
+    log.write_text("[2026-05-01 09:00:00] Decode batch, #running-req: 9, #token: 1, token usage: 0.00, "
+                   "accept len: 1.00, accept rate: 0.00, cuda graph: True, gen throughput (token/s): 1.00, \n")
+    out = tmp_path / "out"
+    with serve(Engine(server_oracle(), "sglang", log_path=log, log_interval=10)) as url:
+        result = _cli(run_config, "--backend", "sglang", "--url", url, "--sglang-log", str(log),
+                      "--output-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert "verdict: AGREE" in result.output and "server_check.json" in result.output
+    report = json.loads((out / "server_check.json").read_text())
+    for key in ("schema_version", "config", "summary", "per_position", "histogram", "provenance",   # run's shape
+                "server", "tokens", "acceptance", "requests", "divergences", "hypotheses", "sglang_log", "verdict"):
+        assert key in report, key
+    assert report["config"]["aux_layers"]["hf"] == list(AUX_HF) and report["exit_status"] == 0
+    lg = report["sglang_log"]
+    assert lg["lines"] >= 2 and lg["within_tolerance"] is True and lg["read_from_byte"] > 0
+    assert lg["accept_rate_definition"] == "(accept len - 1) / (num_draft_tokens - 1)"
+    assert len(report["requests"]) == NUM_PROMPTS and report["requests"][0]["server"]["reported"]["spec_verify_ct"]
+
+
+def test_sglang_log_alone_catches_a_faulty_server(run_config, checker, server_oracle, tmp_path):
+    log = tmp_path / "sglang.log"
+    log.touch()
+    with serve(Engine(server_oracle("aux_hf_minus_1"), "sglang", log_path=log, log_interval=10)) as url:
+        _check(run_config, checker, url, "sglang", hypotheses=False)      # the workload, as a user would run it
+    result = run_server_check(run_config, ServerCheckConfig(backend="sglang", sglang_log=str(log)), oracle=checker)
+    lg = result.report["sglang_log"]
+    assert result.exit_status == 1 and lg["within_tolerance"] is False
+    assert lg["server_accept_length"] < 0.75 * lg["oracle_accept_length"]
+    assert result.report["acceptance"] is None and "SGLang log" in result.report["reasons"][0]

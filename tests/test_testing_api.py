@@ -1,0 +1,102 @@
+"""eagle_eval.testing: the oracle as a server test suite would use it, with readable failures."""
+
+from dataclasses import replace
+
+import pytest
+import requests
+
+from eagle_eval import api
+from eagle_eval.config import RunConfig
+from eagle_eval.data import load_prompts
+from eagle_eval.testing import EagleOracle, assert_accept_length_close, assert_histogram_equal, \
+    assert_mean_accept_length_close, assert_same_tokens, assert_sglang_response, assert_verify_count
+from fake_servers import Engine, serve
+from trained import NEW_TOKENS, NUM_STEPS, trained
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return trained(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def oracle(models):
+    return EagleOracle.from_paths(models["target"], models["head"], num_steps=NUM_STEPS, max_new_tokens=NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def prompts(models, oracle):
+    return load_prompts(models["prompts"], oracle.tokenizer)
+
+
+def test_expected_matches_the_reference_loop(oracle, prompts):
+    p = prompts[0]
+    exp = oracle.expected(p.input_ids, id=p.id)
+    rec = oracle.oracle.decode(p)
+    assert exp.output_ids == rec.output_ids and exp.verify_count == rec.verify_count
+    assert exp.spec_accept_length == pytest.approx(rec.spec_accept_length)
+    assert exp.accept_length == pytest.approx(1 + sum(rec.accepted_per_cycle) / rec.verify_count)
+    assert sum(exp.histogram) == exp.verify_count and len(exp.accepted_per_position) == NUM_STEPS
+    assert oracle.resolved["num_draft_tokens"] == NUM_STEPS + 1
+    shorter = oracle.expected(p.input_ids, max_new_tokens=5)
+    assert shorter.output_ids == exp.output_ids[:5]
+    text = oracle.expected("w1 w2 w3", id="text")
+    assert text.prompt_ids == oracle.tokenizer("w1 w2 w3")["input_ids"] and text.output_ids
+
+
+def test_same_tokens_failure_names_prompt_position_tokens_and_margin(oracle, prompts):
+    exp = oracle.expected(prompts[1].input_ids, id="p1")
+    assert_same_tokens(exp, exp.output_ids)
+    wrong = list(exp.output_ids)
+    wrong[4] = (wrong[4] + 1) % 96
+    with pytest.raises(AssertionError) as info:
+        assert_same_tokens(exp, wrong)
+    msg = str(info.value)
+    assert msg.startswith("prompt 'p1': server output differs from the oracle at position 4 of 24: ")
+    assert f"server token {wrong[4]} " in msg and f"oracle token {exp.output_ids[4]} " in msg
+    assert "target logit margin" in msg and "oracle [1:7]" in msg
+    with pytest.raises(AssertionError, match="lengths differ: server 10 tokens, oracle 24"):
+        assert_same_tokens(exp, exp.output_ids[:10])
+    assert_same_tokens(exp, wrong, tie_margin=1e9)          # everything is a near-tie for a huge margin
+
+
+def test_acceptance_assertions(oracle, prompts):
+    exp = oracle.expected(prompts[2].input_ids, id="p2")
+    assert_accept_length_close(exp, exp.spec_accept_length)
+    assert_accept_length_close(exp, exp.accept_length * 1.04, definition="accept_length")
+    assert_verify_count(exp, exp.verify_count)
+    assert_histogram_equal(exp, exp.histogram[:exp.histogram.index(max(exp.histogram)) + 1])   # trailing zeros cut
+    with pytest.raises(AssertionError) as info:
+        assert_accept_length_close(exp, 1.5)
+    msg = str(info.value)
+    assert msg.startswith("prompt 'p2': spec_accept_length (SGLang meta_info.spec_accept_length = "
+                          "completion_tokens / spec_verify_ct) server 1.5000 vs oracle ")
+    assert "relative difference" in msg and f"{exp.verify_count} verify steps" in msg
+    with pytest.raises(AssertionError, match=f"server ran {exp.verify_count + 3} verify steps, the oracle "
+                                             f"{exp.verify_count}"):
+        assert_verify_count(exp, exp.verify_count + 3)
+    with pytest.raises(AssertionError, match="steps accepting exactly 0 drafts"):
+        assert_histogram_equal(exp, [exp.histogram[0] + 1] + exp.histogram[1:])
+    many = oracle.expected_many([p.input_ids for p in prompts[:3]])
+    assert_mean_accept_length_close(many, [e.spec_accept_length for e in many])
+    with pytest.raises(AssertionError, match="mean spec_accept_length over 3 prompts: .* largest: p"):
+        assert_mean_accept_length_close(many, [1.0, 1.0, 1.0])
+
+
+def test_a_server_test_suite_against_sglang(models, oracle, prompts):
+    """How an engine's own CI would use the oracle: send, then assert."""
+    cfg = RunConfig(target=str(models["target"]), draft=str(models["head"]), num_steps=NUM_STEPS,
+                    max_new_tokens=NEW_TOKENS)
+    for wiring, ok in (({}, True), ({"aux_layers": (1, 3, 4), "aux_convention": "hf"}, False)):
+        with serve(Engine(api.load_oracle(replace(cfg, **wiring)), "sglang")) as url:
+            for p in prompts[:3]:
+                exp = oracle.expected(p.input_ids, id=p.id)
+                out = requests.post(f"{url}/generate", timeout=30, json={
+                    "input_ids": exp.prompt_ids,
+                    "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS}}).json()
+                if ok:
+                    assert_sglang_response(exp, out, rel=0)
+                else:
+                    assert_same_tokens(exp, out["output_ids"])        # a wiring fault never changes tokens
+                    with pytest.raises(AssertionError, match=f"prompt '{p.id}': spec_accept_length"):
+                        assert_sglang_response(exp, out)
