@@ -20,7 +20,6 @@ from eagle_eval.capture import resolve_aux_layers
 from eagle_eval.chain import Speculator, speculative_decode
 from eagle_eval.config import ConfigError, RunConfig
 from eagle_eval.conversations import load_workload, run_turns
-from eagle_eval.data import load_prompts
 from eagle_eval.greedy import first_divergence, plain_greedy
 from eagle_eval.head_io import load_head
 from eagle_eval.records import Prompt, SampleRecord, append_jsonl, read_jsonl
@@ -275,7 +274,8 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
     torch.manual_seed(cfg.seed)
     oracle = oracle or load_oracle(cfg)
     spec, tok = oracle.speculator, oracle.tokenizer
-    prompts = load_prompts(cfg.prompts, tok, cfg.limit)
+    workload = load_workload(cfg, tok)            # the same datasets, templates and filters as `run`
+    prompts = workload.first_prompts              # the profile covers first turns only
     need = cfg.max_new_tokens + k_max
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
     if pcfg.responses:
@@ -341,7 +341,7 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
         rec.extra["accepted_per_cycle_by_num_steps"] = {str(s): sims[s][i].accepted_per_cycle for s in sims}
         rec.extra["response_divergence"] = p.divergence
-    report = {"schema_version": 1, "config": {**pcfg.as_dict(), **oracle.resolved},
+    report = {"schema_version": 1, "config": {**pcfg.as_dict(), **oracle.resolved, **workload.resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
               "numeric_divergences": numeric,
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
