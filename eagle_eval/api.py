@@ -76,6 +76,7 @@ class Oracle:
                            emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
         if cfg.topk > 1:
             rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
+            rec.extra["tree_shape_per_cycle"] = d.tree_shape_per_cycle
         if cfg.check_lossless if check_lossless is None else check_lossless:
             target = self.speculator.target
             greedy = plain_greedy(target, prompt.input_ids, cfg.max_new_tokens, self.eos_ids)

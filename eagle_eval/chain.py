@@ -29,6 +29,7 @@ class Decoded:
     accepted_per_cycle: list[int] = field(default_factory=list)
     emitted_per_cycle: list[int] = field(default_factory=list)
     off_top1_per_cycle: list[bool] = field(default_factory=list)   # trees: accepted path left the top-1 chain
+    tree_shape_per_cycle: list[list[int]] = field(default_factory=list)   # trees: nodes at depth 1, 2, ...
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
                 v = verify_tree(target, cache, capture, tree)
                 new_tokens = [tree.tokens[i] for i in v.path[1:]] + [v.bonus]
                 out.off_top1_per_cycle.append(not tree.on_top1_chain(v.path))
+                out.tree_shape_per_cycle.append([tree.depths.count(d) for d in range(1, max(tree.depths) + 1)])
             out.accepted_per_cycle.append(v.accepted)
             if _emit(out, new_tokens, max_new_tokens, eos_ids):
                 return out

@@ -131,4 +131,8 @@ def test_tree_report_fields(tiny):
     s = report["summary"]
     assert report["config"]["num_draft_tokens"] == 5 and report["config"]["topk"] == 2
     assert 0 <= s["off_top1_chain_cycles"] <= s["cycles"]
+    result = api.evaluate(cfg, progress=False)
+    for rec in result.samples:              # every verify tree had D - 1 = 4 drafted nodes
+        shapes = rec.extra["tree_shape_per_cycle"]
+        assert len(shapes) == rec.verify_count and all(sum(shape) == 4 for shape in shapes)
     assert s["accept_length"] == pytest.approx(1 + sum(p["unconditional_rate"] for p in report["per_position"]))
