@@ -136,6 +136,7 @@ def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tenso
     scale = 1.0 / math.sqrt(attn.head_dim)
 
     hidden = head.fuse(aux)                      # [B, T, H]
+    out = hidden                                 # step j > 0 reads the previous step's out
     keys, values = [], []                        # step i: [B, heads, T, d] (GQA expanded)
     logits = []
     for j in range(num_steps):
