@@ -5,16 +5,20 @@ Everything is a function of a seed. Four task families, each with a continuation
 determined by the prompt (plus tables the target memorises) and never periodic, so a small target
 learns to continue them with varied, loop-free greedy text:
 
-| category | row kind   | task                                                                     |
-|----------|------------|--------------------------------------------------------------------------|
-| counting | `prompt`   | "Count up by ones from 418:" -> " 418, 419, 420, ..." (ones or tens)     |
-| glossary | `messages` | a walk through a memorised word order, each word with its invented "Velsh" |
-| story    | `messages` | a walk through a memorised route of places; what happens at each is memorised |
-| list     | `messages` | a numbered packing list from a given number, items in a memorised order  |
+| category | row kind   | task                                                                      |
+|----------|------------|---------------------------------------------------------------------------|
+| counting | `prompt`   | "Count up by ones from 418:" -> " 418, 419, 420, ..." (ones or tens)      |
+| glossary | `messages` | "* knife: TuMil" lines: a walk through a memorised word order, each word  |
+|          |            | with its invented "Velsh" translation                                     |
+| story    | `messages` | a walk through a memorised route of invented towns; what the hero does in |
+|          |            | each town is memorised                                                    |
+| list     | `messages` | a numbered packing list from a given number, items in the same word order |
 
-Every dependency is local (the previous number, the latest noun or place) plus a memorised table, so
-a small target learns it in minutes on a CPU (no induction over long prompts needed), and the
-successor tables are single long cycles, so no walk repeats within a greedy check.
+Every dependency is local (the previous number, the latest noun or town, the name in the prompt)
+plus a memorised table, so a small target learns it in minutes on a CPU (no induction over long
+prompts needed), and the successor tables are single long cycles (120 words, 30 towns), so no walk
+repeats within a greedy check. Training answers have random lengths and the bundled prompts ask for
+long ones, so greedy decoding runs well past 64 tokens.
 Digits are single tokens (so counting is learnable digit by digit); words keep their leading space.
 """
 
@@ -179,17 +183,20 @@ def sample_documents(seed: int, n: int, world: World) -> list[Document]:
 
 def eval_documents(seed: int, per_category: int, world: World) -> list[Document]:
     """`per_category` bundled prompts of every category with long answers, pairwise different from
-    their first line on (two chain walks from the same start would otherwise coincide)."""
+    their first line on (two chain walks from the same start would otherwise coincide). Rows are
+    interleaved by category, so the first few (a `--limit`ed or quick run) cover every category."""
     rng = random.Random(seed)
-    out = []
+    by_category = []
     for category in CATEGORIES:
         seen: set[str] = set()
-        while len(seen) < per_category:
+        docs = []
+        while len(docs) < per_category:
             doc = _MAKERS[category](rng, world, long=True)
             if doc.completion[:48] not in seen:
                 seen.add(doc.completion[:48])
-                out.append(doc)
-    return out
+                docs.append(doc)
+        by_category.append(docs)
+    return [doc for row in zip(*by_category) for doc in row]
 
 
 def prompt_key(doc: Document) -> str:
