@@ -130,3 +130,11 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
         opt.step()
     save_head(head, head_path, aux_layer_ids_sglang=[i - 1 for i in aux_hf])
     return head_path
+
+
+def load_prompts(path, tokenizer) -> list:
+    """The prompts of a prompt JSONL, rendered by the product's own path (`conversations.load_workload`)."""
+    from eagle_eval.config import RunConfig
+    from eagle_eval.conversations import load_workload
+
+    return load_workload(RunConfig(prompts=str(path)), tokenizer).first_prompts

@@ -5,10 +5,9 @@ import torch
 
 from eagle_eval import api, chain
 from eagle_eval.config import RunConfig
-from eagle_eval.data import load_prompts
 from eagle_eval.draft import DraftState
 from eagle_eval.greedy import plain_greedy
-from fixtures import make_head, make_target, write_prompts
+from fixtures import load_prompts, make_head, make_target, write_prompts
 
 
 @pytest.fixture(scope="module")

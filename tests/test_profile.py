@@ -6,10 +6,10 @@ import pytest
 
 from eagle_eval import api
 from eagle_eval.config import ProfileConfig, RunConfig
-from eagle_eval.data import DataError, load_prompts
+from eagle_eval.data import DataError
 from eagle_eval.greedy import plain_greedy
 from eagle_eval.profile import greedy_continuations
-from fixtures import make_target, train_head, write_prompts
+from fixtures import load_prompts, make_target, train_head, write_prompts
 
 
 @pytest.fixture(scope="module")

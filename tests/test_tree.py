@@ -5,10 +5,10 @@ import torch
 
 from eagle_eval import api, chain
 from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.data import load_prompts
 from eagle_eval.draft import DraftState
 from eagle_eval.greedy import plain_greedy
 from eagle_eval.tree import Pool, accept_path, pool_size, select_tree
+from fixtures import load_prompts
 
 
 def test_hand_built_tree():
