@@ -83,6 +83,24 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def run_check(kw: dict, config_cls, run, render, report_name: str) -> None:
+    """diagnose / server-check: split the command's own options (config_cls's fields) from run's, run it,
+    print its report and exit with its status (bad input: one line, exit 2)."""
+    from dataclasses import fields
+
+    from eagle_eval.errors import USER_ERRORS
+
+    own = {f.name: kw.pop(f.name) for f in fields(config_cls)}
+    try:
+        result = run(build_config(**kw), config_cls(**own), progress=True)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    click.echo(render(result.report))
+    if own["output_dir"]:
+        click.echo(f"\nwrote {own['output_dir']}/{report_name}")
+    sys.exit(result.exit_status)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Ground-truth acceptance for EAGLE-3 draft heads (reference greedy loop in pure PyTorch)."""
@@ -236,18 +254,9 @@ def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, topk_gri
 def server_check_command(**kw):
     """Compare a running SGLang/vLLM server with the oracle: tokens, acceptance, settings.
     Exit 0 = agree, 1 = disagree, 2 = error, 3 = incomplete (a field the check needs is missing)."""
-    from eagle_eval.errors import USER_ERRORS
     from eagle_eval.server_check import ServerCheckConfig, render_server_check, run_server_check
 
-    check_kw = {k: kw.pop(k) for k in ServerCheckConfig.field_names()}
-    try:
-        result = run_server_check(build_config(**kw), ServerCheckConfig(**check_kw), progress=True)
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    click.echo(render_server_check(result.report))
-    if check_kw["output_dir"]:
-        click.echo(f"\nwrote {check_kw['output_dir']}/server_check.json")
-    sys.exit(result.exit_status)
+    run_check(kw, ServerCheckConfig, run_server_check, render_server_check, "server_check.json")
 
 
 @main.command("diagnose")
@@ -267,17 +276,8 @@ def diagnose_command(**kw):
     """Find train/serve mismatches: load-time checks, aux-layer sweep, training-dump match, chat template.
     Exit 0 = nothing wrong, 1 = a mismatch or an error-level finding, 2 = bad input."""
     from eagle_eval.diagnose import DiagnoseConfig, diagnose, render_diagnosis
-    from eagle_eval.errors import USER_ERRORS
 
-    dkw = {k: kw.pop(k) for k in DiagnoseConfig.field_names()}
-    try:
-        result = diagnose(build_config(**kw), DiagnoseConfig(**dkw), progress=True)
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    click.echo(render_diagnosis(result.report))
-    if dkw["output_dir"]:
-        click.echo(f"\nwrote {dkw['output_dir']}/diagnosis.json")
-    sys.exit(result.exit_status)
+    run_check(kw, DiagnoseConfig, diagnose, render_diagnosis, "diagnosis.json")
 
 
 if __name__ == "__main__":

@@ -36,11 +36,6 @@ class DiagnoseConfig:
         if self.prompt_budget < 1:
             raise ConfigError(f"--prompt-budget must be >= 1, got {self.prompt_budget}")
 
-    @classmethod
-    def field_names(cls) -> list[str]:
-        from dataclasses import fields
-        return [f.name for f in fields(cls)]
-
 
 @dataclass
 class Diagnosis:

@@ -16,7 +16,7 @@ disagrees, the SGLang log comparison, a verdict and its exit status:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eagle_eval.config import ConfigError, RunConfig
@@ -53,10 +53,6 @@ class ServerCheckConfig:
             raise ConfigError("--tolerance and --tie-margin must be >= 0")
         if self.timeout <= 0 or self.retries < 0 or self.metrics_settle < 0:
             raise ConfigError("--timeout must be > 0, --retries and --metrics-settle >= 0")
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 @dataclass
