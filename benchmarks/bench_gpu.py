@@ -32,18 +32,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle_eval import chain                                   # noqa: E402
-from eagle_eval.api import Oracle, profile                     # noqa: E402
-from eagle_eval.capture import resolve_aux_layers              # noqa: E402
-from eagle_eval.config import ProfileConfig, RunConfig         # noqa: E402
-from eagle_eval.draft import DraftState                        # noqa: E402
-from eagle_eval.greedy import plain_greedy                     # noqa: E402
-from eagle_eval.head_io import vocab_map_from_used             # noqa: E402
-from eagle_eval.heads import Eagle3Head, HeadConfig            # noqa: E402
-from eagle_eval.profile import greedy_continuations            # noqa: E402
-from eagle_eval.target import Target                           # noqa: E402
-from eagle_eval.tree import select_tree                        # noqa: E402
-from eagle_eval.verify import verify_chain, verify_tree       # noqa: E402
+from eagle_eval.api import Oracle, profile  # noqa: E402
+from eagle_eval.config import ProfileConfig, RunConfig  # noqa: E402
+from eagle_eval.models.capture import resolve_aux_layers  # noqa: E402
+from eagle_eval.models.head_io import vocab_map_from_used  # noqa: E402
+from eagle_eval.models.heads import Eagle3Head, HeadConfig  # noqa: E402
+from eagle_eval.models.target import Target  # noqa: E402
+from eagle_eval.spec import chain  # noqa: E402
+from eagle_eval.spec.draft import DraftState  # noqa: E402
+from eagle_eval.spec.greedy import plain_greedy  # noqa: E402
+from eagle_eval.spec.profile import greedy_continuations  # noqa: E402
+from eagle_eval.spec.tree import select_tree  # noqa: E402
+from eagle_eval.spec.verify import verify_chain, verify_tree  # noqa: E402
 
 SHAPES = {
     "8b": dict(hidden=4096, layers=32, heads=32, kv=8, inter=14336, vocab=128256, draft_vocab=32000),
@@ -167,7 +167,7 @@ def bench_profile(oracle, prompts, max_steps, max_new, loop_prompts, tmp):
     t_responses = time.perf_counter() - t0
     log("profile with responses done")
     # the profile step alone vs a plain teacher-forced forward of the same batch
-    from eagle_eval import profile as prof
+    from eagle_eval.spec import profile as prof
     need = max_new + max_steps
     conts = greedy_continuations(spec, prompts[:16], need, 0, 1 << 30)
     items = [(SimpleNamespace(id=str(i), category="", input_ids=p), c) for i, (p, c) in enumerate(zip(prompts, conts))]
@@ -220,7 +220,7 @@ def bench_tree(oracle, prompt, s, k, sizes, ctx_new=64):
     cache = target.new_cache()
     ids = torch.tensor([prompt + [7] * ctx_new])
     ctx = ids.shape[1]
-    from eagle_eval.capture import FeatureCapture
+    from eagle_eval.models.capture import FeatureCapture
     out = {"num_steps": s, "topk": k}
     with FeatureCapture(target.layers, spec.aux_hf, spec.draft_device) as cap:
         target.forward(ids, cache)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle_eval import api                                              # noqa: E402
-from eagle_eval.config import ProfileConfig, RunConfig                  # noqa: E402
+from eagle_eval import api  # noqa: E402
+from eagle_eval.config import ProfileConfig, RunConfig  # noqa: E402
 
 
 def main():
@@ -72,7 +72,7 @@ def main():
 
 
 def _prompts(oracle, run):
-    from eagle_eval.conversations import load_workload
+    from eagle_eval.workload.conversations import load_workload
     return load_workload(run, oracle.tokenizer).first_prompts
 
 

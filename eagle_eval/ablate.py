@@ -4,20 +4,22 @@ Contract: a variant is the base RunConfig with some fields replaced (`--vary FIE
 variant costs one profile, which gives every num_steps <= max_steps at once. The speedup model is
 EAGLE3.md section 5: S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), with c and r(k) timed on the
 current device (`measure_costs`) or given.
+
+Why here, beside api.py: an ablation is a set of runs (it replaces RunConfig fields and calls the
+profile once per variant), so it belongs to the door that wires the stages, not to one stage; its
+CSV and PNG writers live in `results/` like every other writer.
 """
 
 from __future__ import annotations
 
-import csv
 import statistics
 import time
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
 import torch
 
-from eagle_eval.acceptance import speedup
 from eagle_eval.config import ConfigError, RunConfig, parse_ids
+from eagle_eval.results.acceptance import speedup
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def measure_costs(oracle, verify_sizes, context: int = 128, reps: int = 5) -> Co
         target.forward(torch.randint(0, vocab, (1, n)), cache)
         target.rollback(cache, context)
 
-    from eagle_eval.draft import DraftState
+    from eagle_eval.spec.draft import DraftState
     state = DraftState(head, spec.embed)
     state.extend(torch.randn(1, context, head.config.num_aux * head.config.target_hidden_size,
                              device=device, dtype=head.lm_head.weight.dtype),
@@ -140,35 +142,6 @@ def best_num_steps(rows: list[dict], key: str = "speedup_model") -> int:
 
 def best_row(rows: list[dict], key: str = "speedup_model") -> dict:
     return max(rows, key=lambda r: r[key])
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-
-
-def plot(path: Path, rows: list[dict]) -> None:
-    from eagle_eval.plot import _pyplot
-
-    plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for k, name in enumerate(dict.fromkeys(r["variant"] for r in rows)):
-        mine = [r for r in rows if r["variant"] == name]
-        xs = [r["num_steps"] for r in mine]
-        ax1.plot(xs, [r["tau"] for r in mine], "o-", color=f"C{k}", label=name)
-        ax2.plot(xs, [r["speedup_model"] for r in mine], "o-", color=f"C{k}", label=name)
-        if "speedup_server" in mine[0]:
-            ax2.plot(xs, [r["speedup_server"] for r in mine], "s--", color=f"C{k}", label=f"{name} (server times)")
-    ax1.set(xlabel="num_steps", ylabel="tau (accepted + 1 per cycle)", title="accept length")
-    ax2.set(xlabel="num_steps", ylabel="modelled speedup", title="S(k) = (1 + sum u_i) / (k c + r(k))")
-    for ax in (ax1, ax2):
-        ax.legend(fontsize="x-small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def apply(base: RunConfig, overrides: dict) -> RunConfig:

@@ -16,15 +16,16 @@ from pathlib import Path
 
 import torch
 
-from eagle_eval.capture import resolve_aux_layers
-from eagle_eval.chain import Speculator, speculative_decode
 from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.conversations import load_workload, run_turns
-from eagle_eval.greedy import first_divergence, plain_greedy
-from eagle_eval.head_io import load_head
-from eagle_eval.records import Prompt, SampleRecord, append_jsonl, read_jsonl
-from eagle_eval.report import build_report, write_report
-from eagle_eval.tables import write_csv
+from eagle_eval.models.capture import resolve_aux_layers
+from eagle_eval.models.head_io import load_head
+from eagle_eval.results.plot import plot_ablation
+from eagle_eval.results.records import Prompt, SampleRecord, append_jsonl, read_jsonl
+from eagle_eval.results.report import build_report, write_report
+from eagle_eval.results.tables import write_csv, write_rows_csv
+from eagle_eval.spec.chain import Speculator, speculative_decode
+from eagle_eval.spec.greedy import first_divergence, plain_greedy
+from eagle_eval.workload.conversations import load_workload, run_turns
 
 log = logging.getLogger("eagle_eval")
 
@@ -34,7 +35,7 @@ SGLANG_TOPK1_MESSAGE = ("speculative_num_draft_tokens is adjusted to speculative
 
 def resolve_speculative(num_steps: int, topk: int, num_draft_tokens: int | None) -> tuple[int, list[str]]:
     """num_draft_tokens as SGLang would use it, and the warnings SGLang would log."""
-    from eagle_eval.tree import pool_size
+    from eagle_eval.spec.tree import pool_size
 
     notes = []
     if topk == 1:
@@ -117,7 +118,7 @@ def _choose_embedding(choice: str, loaded, target) -> tuple[object, str]:
 
 
 def load_oracle(config: RunConfig) -> Oracle:
-    from eagle_eval.target import load_target
+    from eagle_eval.models.target import load_target
 
     notes = []
     num_draft_tokens, spec_notes = resolve_speculative(config.num_steps, config.topk, config.num_draft_tokens)
@@ -173,7 +174,7 @@ def load_oracle(config: RunConfig) -> Oracle:
         "position_offset": config.position_offset,
         "accept_length_definition": "mean over verify cycles of (accepted drafts + 1), bonus counted",
     }
-    from eagle_eval.sanity import load_findings     # issue 5: load-time checks, printed by `run`
+    from eagle_eval.models.sanity import load_findings  # issue 5: load-time checks, printed by `run`
     resolved["sanity"] = [f.as_dict() for f in load_findings(target, loaded, aux, config, table_name)]
     spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf,
                       position_offset=config.position_offset)
@@ -245,7 +246,7 @@ class ProfileResult:
 
 def _read_responses(path: str, prompts: list[Prompt], tokenizer) -> list[list[int]]:
     """Continuations from a JSONL file (`output_ids` or `text` per row), matched by `id` or by order."""
-    from eagle_eval.data import DataError
+    from eagle_eval.workload.data import DataError
 
     rows = read_jsonl(Path(path))
     by_id = {str(r["id"]): r for r in rows if "id" in r}
@@ -267,9 +268,9 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
     """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps."""
     from tqdm import tqdm
 
-    from eagle_eval import profile as prof
-    from eagle_eval.report import provenance, summarize, DEFINITIONS
-    from eagle_eval.tree import pool_size
+    from eagle_eval.results.report import DEFINITIONS, provenance, summarize
+    from eagle_eval.spec import profile as prof
+    from eagle_eval.spec.tree import pool_size
 
     cfg, k_max = pcfg.run, pcfg.max_steps
     torch.manual_seed(cfg.seed)
@@ -348,7 +349,7 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings, "provenance": provenance(cfg.seed)}
     if cfg.output_dir:
-        from eagle_eval.report import write_report
+        from eagle_eval.results.report import write_report
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "samples.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in samples))
@@ -360,7 +361,7 @@ def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad:
             batch_tokens: int) -> list[list[int]]:
     """Extend continuations greedily to `need` tokens, in batches (responses stop at max_new_tokens
     or EOS; the loop's last verify looks num_steps tokens further)."""
-    from eagle_eval import profile as prof
+    from eagle_eval.spec import profile as prof
 
     short = [i for i, c in enumerate(conts) if len(c) < need]
     out = [c[:need] for c in conts]
@@ -390,8 +391,8 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
     from dataclasses import replace as _replace
 
     from eagle_eval import ablate as abl
-    from eagle_eval.report import provenance, write_report
-    from eagle_eval.tree import pool_size
+    from eagle_eval.results.report import provenance, write_report
+    from eagle_eval.spec.tree import pool_size
 
     run = _replace(base.run, output_dir=None, resume=False)
     named = [("base", {})] + [abl.parse_variant(v) for v in variants]
@@ -441,9 +442,9 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
         out = Path(base.run.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_report(out / "ablation.json", result)
-        abl.write_csv(out / "ablation.csv", rows)
+        write_rows_csv(out / "ablation.csv", rows)
         try:
-            abl.plot(out / "ablation.png", rows)
+            plot_ablation(out / "ablation.png", rows)
         except ConfigError as exc:          # matplotlib is an optional extra
             result["warnings"] = [f"ablation.png not written: {exc}"]
             write_report(out / "ablation.json", result)

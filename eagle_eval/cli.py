@@ -9,8 +9,17 @@ import sys
 
 import click
 
-from eagle_eval.config import BUNDLED_DRAFT, BUNDLED_PROMPTS, BUNDLED_TARGET, DATASET_FORMATS, DTYPE_CHOICES, \
-    EMBEDDING_CHOICES, ConfigError, RunConfig, parse_ids, parse_names
+from eagle_eval.config import (
+    BUNDLED_DRAFT,
+    BUNDLED_PROMPTS,
+    BUNDLED_TARGET,
+    DATASET_FORMATS,
+    DTYPE_CHOICES,
+    EMBEDDING_CHOICES,
+    RunConfig,
+    parse_ids,
+    parse_names,
+)
 
 
 def model_options(f):
@@ -116,7 +125,7 @@ def run(**kw):
     """Evaluate a head on a prompt set and print the per-position report."""
     from eagle_eval import api
     from eagle_eval.errors import USER_ERRORS
-    from eagle_eval.report import render_table
+    from eagle_eval.results.report import render_table
 
     try:
         config = build_config(**kw)
@@ -125,7 +134,7 @@ def run(**kw):
         fail(str(exc))
     click.echo(render_table(result.report))
     if result.report["config"].get("sanity"):           # issue 5: load-time checks
-        from eagle_eval.findings import Finding, render_findings
+        from eagle_eval.results.findings import Finding, render_findings
         click.echo("\nload-time checks\n" + render_findings(
             [Finding.from_dict(f) for f in result.report["config"]["sanity"]], only_problems=True))
     if config.output_dir:
@@ -143,22 +152,22 @@ def run(**kw):
 def report_command(results, markdown, csv_path, plot_path):
     """Re-render saved results (report.json files or run folders) without loading a model;
     with two results, also their differences, flagging those beyond sampling noise."""
-    from eagle_eval import compare
-    from eagle_eval.data import DataError
+    from eagle_eval.errors import USER_ERRORS
+    from eagle_eval.results import compare
 
     try:
         loaded = [compare.load_result(p) for p in results]
         click.echo(compare.render_results(loaded, markdown=markdown))
         if csv_path:
-            from eagle_eval.tables import write_csv
+            from eagle_eval.results.tables import write_csv
             labelled = len(loaded) > 1                         # a `result` column only when there are several
             write_csv(csv_path, [(r.label if labelled else None, r.report) for r in loaded])
             click.echo(f"\nwrote {csv_path}")
         if plot_path:
-            from eagle_eval.plot import plot_results
+            from eagle_eval.results.plot import plot_results
             plot_results(loaded, plot_path)
             click.echo(f"wrote {plot_path}")
-    except (DataError, ConfigError) as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
 
 
@@ -190,7 +199,7 @@ def profile_command(**kw):
     """Exact acceptance for every num_steps <= --max-steps from one teacher-forced pass."""
     from eagle_eval import api
     from eagle_eval.errors import USER_ERRORS
-    from eagle_eval.report import render_steps_table
+    from eagle_eval.results.report import render_steps_table
 
     try:
         result = api.profile(build_profile_config(**kw))
@@ -218,7 +227,7 @@ def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, topk_gri
     """Tau, per-position rates and modelled speedup over num_steps and other axes."""
     from eagle_eval import api
     from eagle_eval.errors import USER_ERRORS
-    from eagle_eval.report import render_ablation
+    from eagle_eval.results.report import render_ablation
 
     if (server_draft_ms is None) != (server_target_ms is None):
         fail("--server-draft-ms and --server-target-ms go together")
@@ -254,7 +263,7 @@ def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, topk_gri
 def server_check_command(**kw):
     """Compare a running SGLang/vLLM server with the oracle: tokens, acceptance, settings.
     Exit 0 = agree, 1 = disagree, 2 = error, 3 = incomplete (a field the check needs is missing)."""
-    from eagle_eval.server_check import ServerCheckConfig, render_server_check, run_server_check
+    from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
 
     run_check(kw, ServerCheckConfig, run_server_check, render_server_check, "server_check.json")
 
@@ -275,7 +284,7 @@ def server_check_command(**kw):
 def diagnose_command(**kw):
     """Find train/serve mismatches: load-time checks, aux-layer sweep, training-dump match, chat template.
     Exit 0 = nothing wrong, 1 = a mismatch or an error-level finding, 2 = bad input."""
-    from eagle_eval.diagnose import DiagnoseConfig, diagnose, render_diagnosis
+    from eagle_eval.diagnose.run import DiagnoseConfig, diagnose, render_diagnosis
 
     run_check(kw, DiagnoseConfig, diagnose, render_diagnosis, "diagnosis.json")
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from eagle_eval.errors import UserError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_TARGET = REPO_ROOT / "checkpoints" / "target"
 BUNDLED_DRAFT = REPO_ROOT / "checkpoints" / "draft"
@@ -20,7 +22,7 @@ DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
 DATASET_FORMATS = ("mt_bench", "spec_bench", "gsm8k", "humaneval", "alpaca", "sharegpt", "prompts")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting that cannot be used; the message names the option."""
 
 

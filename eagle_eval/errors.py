@@ -1,12 +1,13 @@
-"""The errors that mean "bad input" (printed as one line by the CLI, never as a traceback)."""
+"""The ground floor: what "bad input" means.
 
-from eagle_eval.capture import AuxLayerError
-from eagle_eval.config import ConfigError
-from eagle_eval.data import DataError
-from eagle_eval.dumps import DumpError
-from eagle_eval.head_io import CheckpointError
-from eagle_eval.server import ServerError
-from eagle_eval.target import TargetError
+Every wing's error for bad input (a file, a key, an option, a server's answer) subclasses `UserError`;
+the CLI catches `UserError` (and `FileNotFoundError`) and prints one line with exit status 2, never a
+traceback. This module imports nothing of eagle-eval's.
+"""
 
-USER_ERRORS = (AuxLayerError, ConfigError, DataError, CheckpointError, TargetError, FileNotFoundError,
-               ServerError, DumpError)
+
+class UserError(Exception):
+    """Bad input: the message names the file, the key or the option, and what was expected."""
+
+
+USER_ERRORS = (UserError, FileNotFoundError)

@@ -25,8 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from eagle_eval.acceptance import AcceptanceCounts
-from eagle_eval.records import Prompt
+from eagle_eval.results.acceptance import AcceptanceCounts
+from eagle_eval.results.records import Prompt
 
 # one decode at a time across ALL fake servers: servers share cached oracles (and so target models, whose
 # capture hooks are per model), and a `slow` handler may still be running after its test has ended

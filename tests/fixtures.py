@@ -56,7 +56,7 @@ def make_target(path: Path, family: str = "llama", num_layers: int = 8, hidden: 
 
 
 def head_config(target_hidden: int = 48, hidden: int = 48, draft_vocab: int = VOCAB, **kw):
-    from eagle_eval.heads import HeadConfig
+    from eagle_eval.models.heads import HeadConfig
 
     return HeadConfig(hidden_size=hidden, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
                       intermediate_size=64, vocab_size=VOCAB, draft_vocab_size=draft_vocab,
@@ -65,8 +65,8 @@ def head_config(target_hidden: int = 48, hidden: int = 48, draft_vocab: int = VO
 
 def make_head(path: Path, dialect: str = "specforge", seed: int = 1, aux_ids_sglang=None,
               draft_vocab: int = VOCAB, with_embedding: bool = False, **kw) -> Path:
-    from eagle_eval.head_io import save_head, vocab_map_from_used
-    from eagle_eval.heads import Eagle3Head
+    from eagle_eval.models.head_io import save_head, vocab_map_from_used
+    from eagle_eval.models.heads import Eagle3Head
 
     torch.manual_seed(seed)
     head = Eagle3Head(head_config(draft_vocab=draft_vocab, **kw), with_embedding=with_embedding)
@@ -97,9 +97,9 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
     prompts, so that acceptance is far from 0 and from 1 and falls by position."""
     from transformers import AutoModelForCausalLM
 
-    from eagle_eval.draft import unroll_chains
-    from eagle_eval.head_io import save_head
-    from eagle_eval.heads import Eagle3Head
+    from eagle_eval.models.head_io import save_head
+    from eagle_eval.models.heads import Eagle3Head
+    from eagle_eval.spec.draft import unroll_chains
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
@@ -135,6 +135,6 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
 def load_prompts(path, tokenizer) -> list:
     """The prompts of a prompt JSONL, rendered by the product's own path (`conversations.load_workload`)."""
     from eagle_eval.config import RunConfig
-    from eagle_eval.conversations import load_workload
+    from eagle_eval.workload.conversations import load_workload
 
     return load_workload(RunConfig(prompts=str(path)), tokenizer).first_prompts

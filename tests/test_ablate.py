@@ -5,11 +5,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from fixtures import make_target, train_head, write_prompts
 
 from eagle_eval.ablate import Costs, best_num_steps, parse_variant, variant_rows
 from eagle_eval.cli import main
 from eagle_eval.config import ConfigError
-from fixtures import make_target, train_head, write_prompts
 
 
 def test_parse_variant():

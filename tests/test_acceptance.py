@@ -2,9 +2,9 @@
 
 import pytest
 
-from eagle_eval.acceptance import AcceptanceCounts, greedy_accept, speedup
-from eagle_eval.records import SampleRecord
-from eagle_eval.report import summarize
+from eagle_eval.results.acceptance import AcceptanceCounts, greedy_accept, speedup
+from eagle_eval.results.records import SampleRecord
+from eagle_eval.results.report import summarize
 
 
 def test_greedy_accept_stops_at_first_mismatch():

@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
+from fixtures import make_head
 
 from eagle_eval import api
 from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.data import DataError
-from eagle_eval.records import read_jsonl
-from eagle_eval.target import TargetError
-from fixtures import make_head
+from eagle_eval.models.target import TargetError
+from eagle_eval.results.records import read_jsonl
+from eagle_eval.workload.data import DataError
 
 
 def _cfg(tiny, **kw):

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-
-from eagle_eval.capture import AuxLayerError, FeatureCapture, resolve_aux_layers, to_hf
-from eagle_eval.target import Target
 from fixtures import make_target
+
+from eagle_eval.models.capture import AuxLayerError, FeatureCapture, resolve_aux_layers, to_hf
+from eagle_eval.models.target import Target
 
 
 def test_conventions_by_hand():

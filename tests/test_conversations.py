@@ -4,12 +4,13 @@ recorded separately and reported separately (by_turn) and together (summary)."""
 import json
 from pathlib import Path
 
+from fixtures import make_tokenizer
+
 from eagle_eval import api
 from eagle_eval.config import RunConfig
-from eagle_eval.conversations import load_workload, run_turns
-from eagle_eval.records import SampleRecord, read_jsonl
-from eagle_eval.report import summarize
-from fixtures import make_tokenizer
+from eagle_eval.results.records import SampleRecord, read_jsonl
+from eagle_eval.results.report import summarize
+from eagle_eval.workload.conversations import load_workload, run_turns
 
 DATA = Path(__file__).parent / "data"
 MT_BENCH = str(DATA / "mt_bench_question.jsonl")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle_eval.data import DataError
-from eagle_eval.datasets import read_questions, select
+from eagle_eval.workload.data import DataError
+from eagle_eval.workload.datasets import read_questions, select
 
 DATA = Path(__file__).parent / "data"
 

@@ -7,13 +7,15 @@ import re
 import pytest
 import torch
 from click.testing import CliRunner
+from fixtures import head_config, make_target, train_head, write_prompts
 
-from eagle_eval import api, dumps, sanity
+from eagle_eval import api
 from eagle_eval.cli import main
 from eagle_eval.config import RunConfig
-from eagle_eval.diagnose import DiagnoseConfig, diagnose
-from eagle_eval.fingerprint import render_fingerprint
-from fixtures import head_config, make_target, train_head, write_prompts
+from eagle_eval.diagnose import dumps
+from eagle_eval.diagnose.fingerprint import render_fingerprint
+from eagle_eval.diagnose.run import DiagnoseConfig, diagnose
+from eagle_eval.models import sanity
 
 TRAINED_HF = (3, 5, 7)                     # = SGLang ids [2, 4, 6]; the default taps are HF[2, 4, 5]
 
@@ -100,7 +102,7 @@ def dump_files(alt):
 
 @pytest.fixture(scope="module")
 def target(alt):
-    from eagle_eval.target import load_target
+    from eagle_eval.models.target import load_target
     return load_target(str(alt["target"]), dtype="fp32", device_map="cpu")[0]
 
 
@@ -149,14 +151,14 @@ def test_untrained_lm_head_flagged():
 
 
 def test_trained_lm_head_not_flagged(alt):
-    from eagle_eval.head_io import load_head
+    from eagle_eval.models.head_io import load_head
 
     found = sanity.matrix_findings("lm_head", load_head(alt["head"]).head.lm_head.weight, 0.02)
     assert all(f.severity == "info" for f in found), found
 
 
 def test_vocab_map_checks():
-    from eagle_eval.head_io import vocab_map_from_used
+    from eagle_eval.models.head_io import vocab_map_from_used
 
     d2t, t2d = vocab_map_from_used(torch.tensor([3, 9, 10, 40, 77]), 96)
     assert codes(sanity.vocab_map_findings(d2t, t2d, True)) == ["vocab-map"]
@@ -172,8 +174,8 @@ def test_vocab_map_checks():
 @pytest.fixture(scope="module")
 def untrained(alt):
     """A freshly initialised head (never trained) with a reduced vocab and an all-zero d2t."""
-    from eagle_eval.head_io import save_head
-    from eagle_eval.heads import Eagle3Head
+    from eagle_eval.models.head_io import save_head
+    from eagle_eval.models.heads import Eagle3Head
 
     torch.manual_seed(0)
     path = alt["root"] / "untrained"
@@ -255,7 +257,7 @@ def test_own_embedding_table_compared_with_the_targets():
 
 
 def test_engine_specific_aux_id_keys(alt):
-    from eagle_eval.capture import resolve_aux_layers
+    from eagle_eval.models.capture import resolve_aux_layers
 
     nested_only = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 6]}}
     aux = resolve_aux_layers(8, 3, None, "sglang", [2, 4, 6], None)

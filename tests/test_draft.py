@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-
-from eagle_eval.draft import DraftState, unroll_chains
-from eagle_eval.heads import Eagle3Head
 from fixtures import head_config
+
+from eagle_eval.models.heads import Eagle3Head
+from eagle_eval.spec.draft import DraftState, unroll_chains
 
 
 @pytest.mark.parametrize("position_offset", [0, 1])

@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-
-from eagle_eval import api, chain
-from eagle_eval.config import RunConfig
-from eagle_eval.draft import DraftState
-from eagle_eval.greedy import plain_greedy
 from fixtures import load_prompts, make_head, make_target, write_prompts
+
+from eagle_eval import api
+from eagle_eval.config import RunConfig
+from eagle_eval.spec import chain
+from eagle_eval.spec.draft import DraftState
+from eagle_eval.spec.greedy import plain_greedy
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,14 @@ import torch
 from click.testing import CliRunner
 
 from eagle_eval import api
-from eagle_eval.draft import DraftState
-from eagle_eval.greedy import plain_greedy
 from eagle_eval.cli import main
-from eagle_eval.compare import compare, load_result
 from eagle_eval.config import RunConfig
-from eagle_eval.records import SampleRecord
-from eagle_eval.report import group_summaries, render_table, summarize
-from eagle_eval.tables import csv_rows, read_csv
+from eagle_eval.results.compare import compare, load_result
+from eagle_eval.results.records import SampleRecord
+from eagle_eval.results.report import group_summaries, render_table, summarize
+from eagle_eval.results.tables import csv_rows, read_csv
+from eagle_eval.spec.draft import DraftState
+from eagle_eval.spec.greedy import plain_greedy
 
 DATA = Path(__file__).parent / "data"
 KEYS = ("summary", "per_position", "histogram", "by_category", "by_turn")

@@ -11,14 +11,14 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
+from fake_servers import Engine, serve
+from trained import AUX_HF, NEW_TOKENS, NUM_PROMPTS, NUM_STEPS, trained
 
 from eagle_eval import api
 from eagle_eval.cli import main
 from eagle_eval.config import RunConfig
-from eagle_eval.server import ServerError
-from eagle_eval.server_check import ServerCheckConfig, run_server_check
-from fake_servers import Engine, serve
-from trained import AUX_HF, NEW_TOKENS, NUM_PROMPTS, NUM_STEPS, trained
+from eagle_eval.servers.check import ServerCheckConfig, run_server_check
+from eagle_eval.servers.http import ServerError
 
 # wiring faults as a server would have them, written as the RunConfig that reproduces each
 WIRING_FAULTS = {

@@ -3,12 +3,12 @@
 import pytest
 
 from eagle_eval.config import ConfigError
-from eagle_eval.server import ServerError
-from eagle_eval.server_check import ServerCheckConfig
-from eagle_eval.server_compare import accept_rate_definition, compare_sglang_settings, parse_sglang_log
-from eagle_eval.server_hypotheses import candidate_hypotheses
-from eagle_eval.server_sglang import parse_sglang_generate, sglang_settings
-from eagle_eval.server_vllm import parse_vllm_completion, parse_vllm_metrics
+from eagle_eval.servers.check import ServerCheckConfig
+from eagle_eval.servers.compare import accept_rate_definition, compare_sglang_settings, parse_sglang_log
+from eagle_eval.servers.http import ServerError
+from eagle_eval.servers.hypotheses import candidate_hypotheses
+from eagle_eval.servers.sglang import parse_sglang_generate, sglang_settings
+from eagle_eval.servers.vllm import parse_vllm_completion, parse_vllm_metrics
 
 URL = "http://127.0.0.1:1/generate"
 

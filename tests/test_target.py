@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eagle_eval.target import Target, TargetError, device_map_arg, parse_max_memory
+from eagle_eval.models.target import Target, TargetError, device_map_arg, parse_max_memory
 
 
 def test_rollback_then_recompute_matches_a_fresh_forward(tiny):

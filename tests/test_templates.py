@@ -4,12 +4,12 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from fixtures import make_tokenizer
 
 from eagle_eval import api
 from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.data import DataError, tokenize_row
-from eagle_eval.templates import NO_TEMPLATE_GIVEN, NO_TEMPLATE_IN_TOKENIZER, PromptFormat
-from fixtures import make_tokenizer
+from eagle_eval.workload.data import DataError, tokenize_row
+from eagle_eval.workload.templates import NO_TEMPLATE_GIVEN, NO_TEMPLATE_IN_TOKENIZER, PromptFormat
 
 DATA = Path(__file__).parent / "data"
 USER = [{"role": "user", "content": "w5 w6"}]

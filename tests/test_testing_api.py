@@ -1,17 +1,24 @@
-"""eagle_eval.testing: the oracle as a server test suite would use it, with readable failures."""
+"""eagle_eval.testing (the public name of eagle_eval.servers.testing): the oracle as a server test suite would use it, with readable failures."""
 
 from dataclasses import replace
 
 import pytest
 import requests
-
-from eagle_eval import api
-from eagle_eval.config import RunConfig
-from eagle_eval.testing import EagleOracle, assert_accept_length_close, assert_histogram_equal, \
-    assert_mean_accept_length_close, assert_same_tokens, assert_sglang_response, assert_verify_count
 from fake_servers import Engine, serve
 from fixtures import load_prompts
 from trained import NEW_TOKENS, NUM_STEPS, trained
+
+from eagle_eval import api
+from eagle_eval.config import RunConfig
+from eagle_eval.testing import (
+    EagleOracle,
+    assert_accept_length_close,
+    assert_histogram_equal,
+    assert_mean_accept_length_close,
+    assert_same_tokens,
+    assert_sglang_response,
+    assert_verify_count,
+)
 
 
 @pytest.fixture(scope="module")

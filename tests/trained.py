@@ -12,9 +12,8 @@ import json
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
-
 from fixtures import VOCAB, head_config, make_target
+from torch.nn import functional as F
 
 NUM_PROMPTS, PROMPT_LEN, NEW_TOKENS, NUM_STEPS = 8, 8, 24, 3
 AUX_HF = (2, 4, 5)            # the default taps of an 8-layer target
@@ -23,9 +22,9 @@ AUX_HF = (2, 4, 5)            # the default taps of an 8-layer target
 def build_trained(root: Path, train_steps: int = 150) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from eagle_eval.draft import unroll_chains
-    from eagle_eval.head_io import save_head
-    from eagle_eval.heads import Eagle3Head
+    from eagle_eval.models.head_io import save_head
+    from eagle_eval.models.heads import Eagle3Head
+    from eagle_eval.spec.draft import unroll_chains
 
     target_path = make_target(root / "target")
     model = AutoModelForCausalLM.from_pretrained(target_path).eval()

@@ -1,0 +1,249 @@
+"""Reading and writing EAGLE-3 draft checkpoints in the three layouts found in the field.
+
+| dialect     | config.json `architectures`          | weights                               | layer prefix |
+|-------------|--------------------------------------|---------------------------------------|--------------|
+| specforge   | `LlamaForCausalLMEagle3` (SGLang)    | model.safetensors                     | `midlayer.`  |
+| eagle       | `LlamaForCausalLM` (EAGLE official)  | pytorch_model.bin, else safetensors   | `midlayer.`  |
+| speculators | `Eagle3Speculator`                   | model.safetensors                     | `layers.0.`  |
+
+Each dialect maps checkpoint keys to `Eagle3Head` parameter names through one visible table; loading
+is strict: a missing, unexpected or mis-shaped tensor is a `CheckpointError` naming the file, the key
+and both shapes. `.bin` pickles load with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle_eval.errors import UserError
+from eagle_eval.models.heads import Eagle3Head, HeadConfig
+
+SPECFORGE, EAGLE, SPECULATORS = "specforge", "eagle", "speculators"
+DIALECTS = (SPECFORGE, EAGLE, SPECULATORS)
+_LAYER_PREFIX = {SPECFORGE: "midlayer.", EAGLE: "midlayer.", SPECULATORS: "layers.0."}
+_OPTIONAL = ("fc.bias", "embed_tokens.weight", "d2t", "t2d")
+# speculators options that change the math in ways this head does not implement
+_UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm")
+
+
+class CheckpointError(UserError, ValueError):
+    """A draft checkpoint that cannot be read as an EAGLE-3 head; the message names file and key."""
+
+
+@dataclass(frozen=True)
+class LoadedHead:
+    head: Eagle3Head
+    dialect: str
+    path: str
+    weights_file: str
+    own_embedding: bool               # the checkpoint carries `embed_tokens.weight`
+    aux_ids_sglang: tuple | None      # nested eagle_config.eagle_aux_hidden_state_layer_ids
+    aux_ids_vllm: tuple | None        # top-level eagle_aux_hidden_state_layer_ids
+    d2t_in_checkpoint: bool
+
+
+def detect_dialect(config: dict, config_file: Path) -> str:
+    archs = config.get("architectures") or []
+    if "Eagle3Speculator" in archs or "speculators_config" in config:
+        return SPECULATORS
+    if any(a.endswith("Eagle3") for a in archs):
+        return SPECFORGE
+    if any(a.endswith("ForCausalLM") for a in archs):
+        return EAGLE
+    raise CheckpointError(
+        f"{config_file}: key 'architectures' = {archs!r}; expected one of "
+        "'LlamaForCausalLMEagle3' (SpecForge/SGLang), 'LlamaForCausalLM' (EAGLE official) or "
+        "'Eagle3Speculator' (speculators)")
+
+
+def _need(cfg: dict, key: str, where: Path, default=None):
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if default is not None:
+        return default
+    raise CheckpointError(f"{where}: missing key {key!r} (needed to build the draft head)")
+
+
+def head_config_from_json(config: dict, dialect: str, config_file: Path) -> HeadConfig:
+    """The head's shape from config.json, for any dialect."""
+    if dialect == SPECULATORS:
+        for flag in _UNSUPPORTED_FLAGS:
+            if config.get(flag):
+                raise CheckpointError(
+                    f"{config_file}: key {flag!r} = {config[flag]!r} is not supported by eagle-eval's head")
+        layer = _need(config, "transformer_layer_config", config_file)
+        top = config
+    else:
+        layer, top = config, config
+    hidden = _need(layer, "hidden_size", config_file)
+    heads = _need(layer, "num_attention_heads", config_file)
+    rope = layer.get("rope_parameters") or {}
+    scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
+                                            if rope.get("rope_type", "default") != "default" else None)
+    eagle_cfg = top.get("eagle_config") or {}
+    vocab = _need(layer, "vocab_size", config_file)
+    return HeadConfig(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=layer.get("num_key_value_heads") or heads,
+        head_dim=layer.get("head_dim") or hidden // heads,
+        intermediate_size=_need(layer, "intermediate_size", config_file),
+        vocab_size=vocab,
+        draft_vocab_size=top.get("draft_vocab_size") or vocab,
+        target_hidden_size=top.get("target_hidden_size") or hidden,
+        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+        rope_theta=float(layer.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        rope_scaling=scaling,
+        max_position_embeddings=layer.get("max_position_embeddings", 2048),
+        hidden_act=layer.get("hidden_act", "silu"),
+        num_aux=3 if eagle_cfg.get("use_aux_hidden_state", True) else 1,
+        norm_before_residual=bool(top.get("norm_before_residual", False)),
+        attention_bias=bool(layer.get("attention_bias", False)),
+        mlp_bias=bool(layer.get("mlp_bias", False)),
+    )
+
+
+def _weights_file(path: Path, dialect: str) -> Path:
+    order = (["pytorch_model.bin", "model.safetensors"] if dialect == EAGLE
+             else ["model.safetensors", "pytorch_model.bin"])
+    for name in order:
+        if (path / name).is_file():
+            return path / name
+    raise CheckpointError(f"{path}: no weights file; expected one of {order}")
+
+
+def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(str(file))
+    try:
+        return torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a pickle that is not plain tensors
+        raise CheckpointError(f"{file}: cannot be read with weights_only=True ({exc})") from exc
+
+
+def key_map(dialect: str, names) -> dict[str, str]:
+    """Head parameter name -> checkpoint key, for the given dialect."""
+    prefix = _LAYER_PREFIX[dialect]
+    return {n: prefix + n[len("midlayer."):] if n.startswith("midlayer.") else n for n in names}
+
+
+def load_head(path: str | Path) -> LoadedHead:
+    """Read a draft head checkpoint folder (any dialect) strictly."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: draft checkpoint folder does not exist (local paths only)")
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing (an EAGLE-3 head folder needs config.json)")
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
+    dialect = detect_dialect(config, config_file)
+    cfg = head_config_from_json(config, dialect, config_file)
+    file = _weights_file(path, dialect)
+    tensors = _read_tensors(file)
+
+    with_embedding = "embed_tokens.weight" in tensors
+    if "fc.bias" in tensors:
+        cfg = HeadConfig(**{**cfg.__dict__, "fc_bias": True})
+    head = Eagle3Head(cfg, with_embedding=with_embedding)
+    expected = head.state_dict()
+    names = key_map(dialect, expected)
+    consumed = set()
+    state = {}
+    for name, ref in expected.items():
+        key = names[name]
+        if key not in tensors:
+            if name in _OPTIONAL:
+                continue
+            raise CheckpointError(f"{file}: missing tensor {key!r} (expected shape {list(ref.shape)})")
+        t = tensors[key]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise CheckpointError(
+                f"{file}: tensor {key!r} has shape {list(t.shape)}, expected {list(ref.shape)} "
+                f"(from {config_file.name})")
+        state[name] = t
+        consumed.add(key)
+    unexpected = sorted(set(tensors) - consumed)
+    if unexpected:
+        raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} for dialect {dialect!r}")
+
+    has_d2t = "d2t" in state
+    if cfg.draft_vocab_size < cfg.vocab_size and not has_d2t:
+        raise CheckpointError(
+            f"{file}: missing tensor 'd2t' but draft_vocab_size={cfg.draft_vocab_size} < "
+            f"vocab_size={cfg.vocab_size}: draft ids cannot be mapped to target ids")
+    if has_d2t and "t2d" not in state:
+        state["t2d"] = t2d_from_d2t(state["d2t"], cfg.vocab_size)
+    head.load_state_dict({**head.state_dict(), **{k: v.to(head.state_dict()[k].dtype)
+                                                   for k, v in state.items()}}, strict=True)
+    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    vllm_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    return LoadedHead(head=head.eval(), dialect=dialect, path=str(path), weights_file=str(file),
+                      own_embedding=with_embedding,
+                      aux_ids_sglang=tuple(sglang_ids) if sglang_ids is not None else None,
+                      aux_ids_vllm=tuple(vllm_ids) if vllm_ids is not None else None,
+                      d2t_in_checkpoint=has_d2t)
+
+
+def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """t2d [V] bool: True for target ids reachable from the draft vocab (EAGLE3.md section 2)."""
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[torch.arange(d2t.numel()) + d2t] = True
+    return t2d
+
+
+def vocab_map_from_used(used: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t [V_d], t2d [V]) from the sorted target ids of the draft vocabulary."""
+    used = torch.sort(used).values
+    d2t = used - torch.arange(used.numel())
+    return d2t.long(), t2d_from_d2t(d2t, vocab_size)
+
+
+def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
+              dialect: str = SPECFORGE) -> None:
+    """Write `head` in one of the three layouts (config.json + weights)."""
+    from safetensors.torch import save_file
+
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
+    cfg = head.config
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    layer = {
+        "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling, "max_position_embeddings": cfg.max_position_embeddings,
+        "hidden_act": cfg.hidden_act, "num_hidden_layers": 1, "model_type": "llama",
+        "attention_bias": cfg.attention_bias, "mlp_bias": cfg.mlp_bias,
+    }
+    top = {"draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size}
+    ids = list(aux_layer_ids_sglang) if aux_layer_ids_sglang is not None else None
+    if dialect == SPECULATORS:
+        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                  "transformer_layer_config": layer, **top,
+                  "norm_before_residual": cfg.norm_before_residual,
+                  "speculators_config": {"algorithm": "eagle3"}}
+        if ids is not None:      # speculators/vLLM read ids as input-of-layer = HF index
+            config["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
+    else:
+        arch = "LlamaForCausalLMEagle3" if dialect == SPECFORGE else "LlamaForCausalLM"
+        config = {"architectures": [arch], **layer, **top}
+        if dialect == SPECFORGE:
+            config["eagle_config"] = {"use_aux_hidden_state": cfg.num_aux > 1,
+                                      **({"eagle_aux_hidden_state_layer_ids": ids} if ids else {})}
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    names = key_map(dialect, head.state_dict())
+    tensors = {names[k]: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    if dialect == EAGLE:
+        torch.save(tensors, path / "pytorch_model.bin")
+    else:
+        save_file(tensors, str(path / "model.safetensors"))

@@ -1,0 +1,163 @@
+"""The target model: loading with accelerate placement and its forward with an explicit KV cache.
+
+Contract: `Target` wraps a transformers causal LM whose decoder stack is `model.model.layers`; it
+exposes `forward(ids, cache)` returning float32 logits and `rollback(cache, length)`, the one cache
+operation the speculative loop needs. It knows nothing about draft heads.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagle_eval.errors import UserError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SMALL_CPU_MODEL = 100_000_000     # parameters; below this a CPU target runs on one thread
+
+
+class TargetError(UserError, ValueError):
+    """A target that cannot be loaded or used; the message names the path or setting."""
+
+
+def parse_max_memory(text: str | None) -> dict | None:
+    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'}."""
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise TargetError(f"--max-memory: {part!r} is not DEVICE=SIZE (e.g. 0=70GiB,cpu=100GiB)")
+        dev, size = (s.strip() for s in part.split("=", 1))
+        out[int(dev) if dev.isdigit() else dev] = size
+    return out
+
+
+def device_map_arg(device_map: str):
+    if device_map == "auto":
+        return "auto"
+    if device_map == "cpu" or device_map.startswith("cuda"):
+        return {"": device_map}
+    raise TargetError(f"--device-map must be auto, cpu or cuda:N, got {device_map!r}")
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    path: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str
+    devices: tuple[str, ...]
+
+
+class Target:
+    def __init__(self, model, path: str = ""):
+        self.model = model.eval()
+        decoder = getattr(model, "model", None)
+        self.layers = getattr(decoder, "layers", None)
+        if self.layers is None:
+            raise TargetError(f"{path or type(model).__name__}: no decoder stack at model.model.layers; "
+                              "eagle-eval supports decoder-only LMs laid out like Llama/Qwen/DeepSeek")
+        self.num_layers = len(self.layers)
+        self.input_device = model.get_input_embeddings().weight.device
+        self.output_device = model.get_output_embeddings().weight.device
+        params = inspect.signature(model.forward).parameters
+        # transformers renamed past_key_values -> cache (5.2x keeps the old name as deprecated)
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        cfg = model.config
+        self.info = TargetInfo(
+            path=path, architecture=type(model).__name__, num_layers=self.num_layers,
+            hidden_size=cfg.hidden_size, vocab_size=model.get_output_embeddings().weight.shape[0],
+            dtype=str(model.dtype).replace("torch.", ""),
+            devices=tuple(sorted({str(p.device) for p in model.parameters()})))
+
+    def new_cache(self):
+        from transformers import DynamicCache
+        return DynamicCache(config=self.model.config)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, cache, position_ids=None, attention_mask=None,
+                upcast: bool = True) -> torch.Tensor:
+        """ids [B, T] appended after the cache -> logits [B, T, V] (float32 unless `upcast=False`)."""
+        kwargs = {self._cache_kw: cache, "use_cache": True}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids.to(self.input_device)
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(self.input_device)
+        out = self.model(input_ids=ids.to(self.input_device), **kwargs)
+        return out.logits.float() if upcast else out.logits
+
+    @staticmethod
+    def cache_len(cache) -> int:
+        return cache.get_seq_length()
+
+    @staticmethod
+    def rollback(cache, length: int) -> None:
+        """Keep the first `length` positions. crop(-n) removes n tokens in transformers 5.17..5.24
+        (a positive argument meant 'crop to' in 5.17 and raises in 5.24)."""
+        remove = cache.get_seq_length() - length
+        if remove < 0:
+            raise ValueError(f"cannot roll the target cache forward ({cache.get_seq_length()} -> {length})")
+        if remove:
+            cache.crop(-remove)
+        if cache.get_seq_length() != length:
+            raise RuntimeError(f"target cache rollback to {length} left {cache.get_seq_length()} entries")
+
+    @staticmethod
+    def keep(cache, start: int, indices: list[int]) -> None:
+        """Keep the first `start` positions plus the entries at start + indices (in that order):
+        after a tree verify, the accepted path. Works on the key/value tensors of each layer."""
+        total = cache.get_seq_length()
+        for layer in cache.layers:
+            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+                raise RuntimeError(f"tree verification needs full-attention KV layers, got {type(layer).__name__}")
+            idx = torch.tensor(indices, device=layer.keys.device) + start
+            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, idx)], dim=-2)
+            layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, idx)], dim=-2)
+        if cache.get_seq_length() != start + len(indices):
+            raise RuntimeError(f"target cache keep left {cache.get_seq_length()} entries, expected "
+                               f"{start + len(indices)} (of {total})")
+
+    def tree_mask(self, tree_mask: torch.Tensor, start: int) -> torch.Tensor:
+        """[D, D] ancestor mask -> additive [1, 1, D, start + D] mask over cache + tree."""
+        d = tree_mask.shape[0]
+        allowed = torch.cat([torch.ones(d, start, dtype=torch.bool), tree_mask], dim=1)
+        dtype = self.model.dtype
+        mask = torch.zeros(1, 1, d, start + d, dtype=dtype)
+        return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids.to(self.input_device))
+
+
+def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_memory: str | None = None,
+                trust_remote_code: bool = False):
+    """Load a local Hugging Face causal LM folder and its tokenizer -> (Target, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise TargetError(f"{path}: target folder does not exist (eagle-eval reads local folders only, "
+                          "never a model hub)")
+    if not (folder / "config.json").is_file():
+        raise TargetError(f"{folder / 'config.json'}: missing (not a Hugging Face model folder)")
+    if dtype not in DTYPES:
+        raise TargetError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    dm = device_map_arg(device_map)
+    if dm == "auto" and not torch.cuda.is_available():
+        dm = {"": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=parse_max_memory(max_memory),
+        trust_remote_code=trust_remote_code, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                              trust_remote_code=trust_remote_code)
+    if all(p.device.type == "cpu" for p in model.parameters()) and model.num_parameters() < SMALL_CPU_MODEL:
+        # batch-1 decoding of a small model: intra-op threads only add synchronisation (measured
+        # 10 s with one thread vs 2 min with two on a busy 2-core machine, bundled pair, 8 prompts)
+        torch.set_num_threads(1)
+    return Target(model, str(folder)), tokenizer

@@ -1,0 +1,89 @@
+"""PNG of saved results: per-position acceptance curves and tau by category (matplotlib, optional).
+
+Contract: `plot_results(results, path)` draws, for every result, the conditional rates a_i (solid)
+and the unconditional rates u_i (dashed) against the draft position, and beside them tau per
+category as grouped bars with the 95% normal interval of `compare.tau_se`. matplotlib is the optional
+extra `eagle-eval[plot]`; without it the error says how to install it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle_eval.config import ConfigError
+from eagle_eval.results.compare import Z95, Result, tau_se
+
+INSTALL_HINT = "--plot needs matplotlib: pip install 'eagle-eval[plot]'"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ConfigError(INSTALL_HINT) from exc
+    matplotlib.use("Agg")                     # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _curves(ax, results: list[Result]) -> None:
+    for k, r in enumerate(results):
+        pp = r.report["per_position"]
+        pos = [p["position"] for p in pp]
+        color = f"C{k}"
+        ax.plot(pos, [p["conditional_rate"] for p in pp], "o-", color=color, label=f"{r.label}: a_i (cond.)")
+        ax.plot(pos, [p["unconditional_rate"] for p in pp], "s--", color=color, label=f"{r.label}: u_i (uncond.)")
+    ax.set_xticks(sorted({p["position"] for r in results for p in r.report["per_position"]}))
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("per-position acceptance")
+    ax.legend(fontsize="x-small")
+
+
+def _tau_bars(ax, results: list[Result]) -> None:
+    names = sorted({c for r in results for c in r.report.get("by_category", {})}) or ["all"]
+    width = 0.8 / len(results)
+    for k, r in enumerate(results):
+        bodies = [r.report.get("by_category", {}).get(c) or (r.report if c == "all" else None) for c in names]
+        taus = [b["summary"]["accept_length"] or 0.0 if b else 0.0 for b in bodies]
+        errs = [Z95 * (tau_se(b["histogram"]) or 0.0) if b else 0.0 for b in bodies]
+        xs = [i + (k - (len(results) - 1) / 2) * width for i in range(len(names))]
+        ax.bar(xs, taus, width, yerr=errs, capsize=2, color=f"C{k}", label=r.label)
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize="small")
+    ax.set_ylabel("tau (accepted + 1 per cycle)")
+    ax.set_title("tau by category (95% interval)")
+    ax.legend(fontsize="x-small")
+
+
+def plot_results(results: list[Result], path: str | Path) -> None:
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    try:
+        _curves(left, results)
+        _tau_bars(right, results)
+        fig.tight_layout()
+        fig.savefig(path, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def plot_ablation(path: Path, rows: list[dict]) -> None:
+    """ablate's PNG: tau and modelled speedup against num_steps, one line per variant."""
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, name in enumerate(dict.fromkeys(r["variant"] for r in rows)):
+        mine = [r for r in rows if r["variant"] == name]
+        xs = [r["num_steps"] for r in mine]
+        ax1.plot(xs, [r["tau"] for r in mine], "o-", color=f"C{k}", label=name)
+        ax2.plot(xs, [r["speedup_model"] for r in mine], "o-", color=f"C{k}", label=name)
+        if "speedup_server" in mine[0]:
+            ax2.plot(xs, [r["speedup_server"] for r in mine], "s--", color=f"C{k}", label=f"{name} (server times)")
+    ax1.set(xlabel="num_steps", ylabel="tau (accepted + 1 per cycle)", title="accept length")
+    ax2.set(xlabel="num_steps", ylabel="modelled speedup", title="S(k) = (1 + sum u_i) / (k c + r(k))")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,221 @@
+"""Reports: counts -> report.json (versioned schema, provenance) and the terminal table.
+
+Contract: every figure is derived here from the integer counts in the sample records, and carries
+its definition (EAGLE3.md section 5). Nothing here touches a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from eagle_eval.results.acceptance import AcceptanceCounts
+from eagle_eval.results.records import SampleRecord
+from eagle_eval.results.tables import render_groups
+
+SCHEMA_VERSION = 1
+
+DEFINITIONS = {
+    "accept_length": "tau: mean over verify cycles of (accepted drafts + 1); bonus counted "
+                     "(SGLang log 'accept len', vLLM 'mean acceptance length', EAGLE tau)",
+    "mean_accepted_drafts": "mean over verify cycles of accepted drafts; bonus not counted (= tau - 1)",
+    "spec_accept_length": "per request completion_tokens / verify cycles, averaged over requests "
+                          "(SGLang meta_info.spec_accept_length; counts the prefill token)",
+    "conditional_rate": "a_i = P(draft i accepted | drafts 1..i-1 accepted) = accepted_i / reached_i "
+                        "(EAGLE n-alpha)",
+    "unconditional_rate": "u_i = P(>= i drafts accepted) = accepted_i / cycles (vLLM per-position rate)",
+    "histogram": "H[n] = verify cycles that accepted exactly n drafts, n = 0..num_steps",
+    "identity": "tau = 1 + sum_i u_i and u_i = prod_{j<=i} a_j",
+    "trees": "with topk > 1, position i is tree depth i: u_i = P(accepted depth >= i), a_i = "
+             "P(depth >= i | depth >= i-1); off_top1_chain_share = cycles whose accepted path left the draft's "
+             "top-1 chain (what the tree buys over a chain of the same num_steps) / cycles",
+}
+
+
+def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
+    """summary + per_position + histogram from the samples' counts."""
+    counts = AcceptanceCounts(num_steps, [0] * (num_steps + 1))
+    for s in samples:
+        counts = counts.merge(AcceptanceCounts.from_accepted(s.accepted_per_cycle, num_steps))
+    per_request = [s.spec_accept_length for s in samples if s.spec_accept_length is not None]
+    checked = [s.lossless for s in samples if s.lossless is not None]
+    off = [f for s in samples for f in s.extra.get("off_top1_per_cycle", [])]
+    tree = ({"off_top1_chain_cycles": sum(off), "off_top1_chain_share": sum(off) / len(off) if off else None}
+            if any("off_top1_per_cycle" in s.extra for s in samples) else {})
+    return {
+        "summary": {
+            **tree,
+            "prompts": len(samples),
+            "cycles": counts.cycles,
+            "accepted_drafts": counts.accepted_drafts,
+            "emitted_tokens": sum(len(s.output_ids) for s in samples),
+            "accept_length": counts.tau,
+            "mean_accepted_drafts": counts.mean_accepted_drafts,
+            "spec_accept_length": sum(per_request) / len(per_request) if per_request else None,
+            # False if any checked prompt diverged; True only when every prompt was checked
+            "lossless": False if not all(checked) else (True if samples and len(checked) == len(samples) else None),
+            "lossless_checked": len(checked),
+        },
+        "per_position": counts.per_position(),
+        "histogram": counts.histogram,
+    }
+
+
+def group_summaries(samples: list[SampleRecord], num_steps: int) -> dict:
+    """by_category and by_turn: `summarize` over each subset of the samples (keys are strings)."""
+    out = {}
+    for name, key in (("by_category", lambda s: s.category), ("by_turn", lambda s: str(s.turn))):
+        subsets: dict[str, list[SampleRecord]] = {}
+        for s in samples:
+            subsets.setdefault(key(s), []).append(s)
+        out[name] = {k: summarize(v, num_steps) for k, v in sorted(subsets.items(), key=lambda kv: _order(kv[0]))}
+    return out
+
+
+def _order(key: str):
+    """Turns numerically, categories by name."""
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
+
+
+def provenance(seed: int) -> dict:
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "accelerate", "safetensors", "datasets"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            versions[name] = None
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        versions["eagle_eval"] = version("eagle-eval")
+    except PackageNotFoundError:
+        versions["eagle_eval"] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
+    return {"git_commit": commit, "versions": versions, "device": device,
+            "cuda_devices": torch.cuda.device_count(), "seed": seed,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": sys.argv}
+
+
+def build_report(config, resolved: dict, samples: list[SampleRecord], warnings: list[str],
+                 sample_prompt=None) -> dict:
+    body = summarize(samples, resolved["num_steps"])
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": {**config.as_dict(), **resolved},
+        **body,
+        **group_summaries(samples, resolved["num_steps"]),
+        "definitions": DEFINITIONS,
+        "warnings": list(warnings),
+        "sample_prompt": sample_prompt.text if sample_prompt is not None else None,
+        "provenance": provenance(config.seed),
+    }
+
+
+def write_report(path: Path, report: dict) -> None:
+    """Write atomically: a crash never leaves half a report."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _fmt(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def render_table(report: dict) -> str:
+    cfg, s = report["config"], report["summary"]
+    aux = cfg["aux_layers"]
+    lines = [
+        f"target  {cfg['target']['path']}  ({cfg['target']['architecture']}, {cfg['target']['num_layers']} layers, "
+        f"{cfg['dtype']}, {', '.join(cfg['target']['devices'])})",
+        f"draft   {cfg['head']['path']}  ({cfg['head']['dialect']} layout)",
+        f"aux layers  HF {aux['hf']}  = SGLang ids {aux['sglang']}  = vLLM ids {aux['vllm']}  [{aux['source']}]",
+        f"embedding   {cfg['embedding']}",
+        f"vocab map   draft {cfg['vocab_map']['draft_vocab_size']} / target {cfg['vocab_map']['vocab_size']}, "
+        f"d2t {cfg['vocab_map']['d2t']}{' (identity)' if cfg['vocab_map']['d2t_identity'] else ''}",
+        f"speculative num_steps={cfg['num_steps']} topk={cfg['topk']} num_draft_tokens={cfg['num_draft_tokens']}"
+        f"  max_new_tokens={cfg['max_new_tokens']}",
+        "",
+        f"prompts {s['prompts']}  cycles {s['cycles']}  emitted tokens {s['emitted_tokens']}",
+        f"accept length tau (mean accepted+1 per cycle)        {_fmt(s['accept_length'])}",
+        f"mean accepted drafts per cycle (tau - 1)             {_fmt(s['mean_accepted_drafts'])}",
+        f"SGLang spec_accept_length (completion/verify, mean)  {_fmt(s['spec_accept_length'])}",
+        *([f"cycles accepting off the top-1 chain (tree gain)      {s['off_top1_chain_cycles']}"
+           f" ({_fmt(s['off_top1_chain_share'])})"] if "off_top1_chain_cycles" in s else []),
+        f"lossless vs plain greedy                             "
+        f"{'not checked' if s['lossless'] is None and not s['lossless_checked'] else s['lossless']}"
+        f" ({s['lossless_checked']} checked)",
+        "",
+        " pos   reached  accepted   a_i (cond.)   u_i (uncond.)",
+    ]
+    for p in report["per_position"]:
+        lines.append(f" {p['position']:>3}  {p['reached']:>8}  {p['accepted']:>8}   {_fmt(p['conditional_rate']):>11}"
+                     f"   {_fmt(p['unconditional_rate']):>13}")
+    lines.append("")
+    lines.append("histogram H[n] (cycles accepting exactly n drafts): " +
+                 "  ".join(f"{n}:{h}" for n, h in enumerate(report["histogram"])))
+    groups = render_groups(report)
+    if groups:
+        lines += ["", groups]
+    for w in report.get("warnings", []):
+        lines.append(f"WARNING: {w}")
+    return "\n".join(lines)
+
+
+def render_steps_table(profile_report: dict) -> str:
+    """One line per num_steps from a profile: tau and the per-position unconditional rates."""
+    sections = sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0]))
+    k = int(sections[-1][0])
+    aux = profile_report["config"]["aux_layers"]
+    lines = [f"aux layers HF {aux['hf']} = SGLang ids {aux['sglang']} = vLLM ids {aux['vllm']}; "
+             f"embedding {profile_report['config']['embedding']}",
+             " S    cycles    tau    " + "  ".join(f"u_{i:<3}" for i in range(1, k + 1))]
+    for s, sec in sections:
+        u = [p["unconditional_rate"] for p in sec["per_position"]]
+        lines.append(f"{s:>2}  {sec['summary']['cycles']:>8}  {_fmt(sec['summary']['accept_length'])}  "
+                     + "  ".join(_fmt(x) for x in u))
+    lines.append("tau = mean (accepted + 1) per cycle; u_i = P(>= i drafts accepted)")
+    numeric = profile_report.get("numeric_divergences", [])
+    if numeric:
+        lines.append(f"note: {len(numeric)} generated continuation(s) differ from the teacher-forced argmax "
+                     f"(rounding at near-ties; smallest margin {min(d['margin'] for d in numeric):.4f})")
+    for d in profile_report.get("response_divergences", []):
+        lines.append(f"WARNING: response {d['id']} departs from the target's argmax at position "
+                     f"{d['position']} (margin {d['margin']:.3f}); profiled the greedy sequence from there")
+    return "\n".join(lines)
+
+
+def render_ablation(result: dict) -> str:
+    costs = result["costs"]
+    server = bool(costs.get("server_ms"))
+    lines = [f"cost ratio c = {costs['cost_ratio']:.4f} ({costs['source']}); {result['speedup_model']}",
+             f"{'variant':<32} {'S':>2} {'K':>2} {'D':>3} {'tau':>6} {'speedup':>8}" + (f" {'server':>7}" if server else "")]
+    for r in result["rows"]:
+        lines.append(f"{r['variant'][:32]:<32} {r['num_steps']:>2} {r['topk']:>2} {r['num_draft_tokens']:>3} "
+                     f"{_fmt(r['tau']):>6} {r['speedup_model']:>8.3f}" +
+                     (f" {r['speedup_server']:>7.3f}" if "speedup_server" in r else ""))
+    for v in result["variants"]:
+        extra = (f", {v['best_num_steps_server']} with server step times" if v.get("best_num_steps_server") else "")
+        lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup "
+                     f"{v['best_speedup_model']:.3f}){extra}")
+    b = result["best"]
+    lines.append(f"best overall: {b['variant']} num_steps={b['num_steps']} topk={b['topk']} "
+                 f"num_draft_tokens={b['num_draft_tokens']} (modelled speedup {b['speedup_model']:.3f})")
+    lines += [f"WARNING: {w}" for w in result.get("warnings", [])]
+    return "\n".join(lines)

@@ -1,0 +1,283 @@
+"""server-check: a running SGLang or vLLM server against the oracle, prompt by prompt.
+
+Contract: `run_server_check(run_config, check_config)` decodes every prompt with the oracle, sends the
+same token ids to the server at temperature 0 (one request at a time), and returns a report shaped
+like `run`'s (config, summary, per_position, histogram, provenance) plus the server's settings,
+per-request rows, divergences, the acceptance comparison, the hypothesis ranking when acceptance
+disagrees, the SGLang log comparison, a verdict and its exit status:
+
+| exit | verdict | meaning |
+|---|---|---|
+| 0 | agree | tokens equal (near-ties allowed), settings match, acceptance within tolerance |
+| 1 | disagree | a token mismatch, a settings mismatch or acceptance outside tolerance |
+| 2 | (error) | the server could not be reached or answered garbage (raised as ServerError) |
+| 3 | incomplete | nothing disagrees but acceptance could not be compared (a field is missing) |
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from eagle_eval.config import ConfigError, RunConfig
+from eagle_eval.servers.compare import (
+    FIGURES,
+    aggregate,
+    compare_request,
+    compare_sglang_log,
+    compare_sglang_settings,
+    compare_vllm_settings,
+    parse_sglang_log,
+    server_distribution,
+)
+
+EXIT_STATUS = {"agree": 0, "disagree": 1, "incomplete": 3}
+
+
+@dataclass(frozen=True)
+class ServerCheckConfig:
+    backend: str
+    url: str | None = None                   # None: only --sglang-log is compared
+    tolerance: float = 0.05                  # relative, on the aggregate acceptance figure
+    tie_margin: float = 0.1                  # a divergence with a smaller target logit margin is numerics
+    timeout: float = 300.0                   # seconds per HTTP request
+    retries: int = 2                         # connection errors and 502/503/504 only
+    served_model_name: str | None = None     # vLLM `model` field; None = the first of /v1/models
+    metrics_settle: float = 0.2              # vLLM: seconds between /metrics reads until they agree
+    sglang_log: str | None = None
+    hypotheses: bool = True                  # rank wiring faults when acceptance disagrees
+    output_dir: str | None = None            # writes server_check.json
+
+    def __post_init__(self):
+        if self.backend not in ("sglang", "vllm"):
+            raise ConfigError(f"--backend must be sglang or vllm, got {self.backend!r}")
+        if self.url is None and self.sglang_log is None:
+            raise ConfigError("--url is required (or --sglang-log alone, to compare a log with the oracle)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"--url must start with http:// or https://, got {self.url!r}")
+        if self.sglang_log is not None and self.backend != "sglang":
+            raise ConfigError("--sglang-log needs --backend sglang")
+        if self.tolerance < 0 or self.tie_margin < 0:
+            raise ConfigError("--tolerance and --tie-margin must be >= 0")
+        if self.timeout <= 0 or self.retries < 0 or self.metrics_settle < 0:
+            raise ConfigError("--timeout must be > 0, --retries and --metrics-settle >= 0")
+
+
+@dataclass
+class ServerCheckResult:
+    report: dict
+    exit_status: int
+
+
+def divergence_from_oracle(oracle, prompt, server_ids: list[int] | None, oracle_ids: list[int]) -> dict | None:
+    """First difference of the server's output from the oracle's, with the target's logit margin there."""
+    from eagle_eval.spec.greedy import first_divergence
+
+    if server_ids is None or server_ids == oracle_ids:
+        return None
+    vocab = oracle.speculator.target.info.vocab_size
+    pos = next((i for i, (a, b) in enumerate(zip(server_ids, oracle_ids)) if a != b), None)
+    bad = next((i for i, t in enumerate(server_ids) if not 0 <= t < vocab), None)
+    if bad is not None and (pos is None or bad <= pos):
+        return {"position": bad, "server_token": server_ids[bad], "reason": "outside the target vocabulary",
+                "oracle_token": oracle_ids[bad] if bad < len(oracle_ids) else None, "margin": None}
+    d = first_divergence(oracle.speculator.target, prompt.input_ids, server_ids, oracle_ids)
+    names = {"speculative_token": "server_token", "greedy_token": "oracle_token", "logit_greedy": "logit_oracle",
+             "logit_speculative": "logit_server", "speculative_len": "server_len", "greedy_len": "oracle_len"}
+    return {names.get(k, k): v for k, v in d.items()}
+
+
+def _verdict(rows, settings_rows, acceptance, log) -> tuple[str, list[str]]:
+    disagree, incomplete = [], []
+    bad = [r for r in rows if r["tokens"] == "mismatch"]
+    if bad:
+        d = bad[0]["divergence"]
+        where = (f"position {d['position']}: server token {d.get('server_token')}, oracle token "
+                 f"{d.get('oracle_token')}, target logit margin {d.get('margin')}" if "server_token" in d else
+                 f"lengths {d.get('server_len')} (server) vs {d.get('oracle_len')} (oracle)")
+        disagree.append(f"{len(bad)} request(s) differ from the oracle's greedy output (first: {bad[0]['id']} at "
+                        f"{where})")
+    for s in settings_rows:
+        if s["ok"] is False:
+            disagree.append(f"server setting {s['setting']} = {s['server']}, oracle {s['oracle']}"
+                            + (f" ({s['note']})" if s["note"] else ""))
+    if acceptance is not None:
+        if acceptance["within_tolerance"] is False:
+            disagree.append(f"acceptance: server {acceptance['figure']} {acceptance['server']:.4f} vs oracle "
+                            f"{acceptance['oracle']:.4f} (relative difference {acceptance['relative_difference']:.1%}"
+                            f" > tolerance {acceptance['tolerance']:.1%})")
+        elif acceptance["within_tolerance"] is None:
+            why = sorted({n for r in rows for n in r["notes"]}) or ["no request could be compared"]
+            incomplete.append("acceptance could not be compared: " + "; ".join(why))
+    if log is not None:
+        if log["within_tolerance"] is False:
+            disagree.append(f"SGLang log: mean accept len {log['server_accept_length']:.3f} vs oracle tau "
+                            f"{log['oracle_accept_length']:.3f} (relative difference "
+                            f"{log['relative_difference']:.1%} > tolerance {log['tolerance']:.1%})")
+        elif log["within_tolerance"] is None:
+            incomplete.append("SGLang log: " + "; ".join(log["notes"] or ["nothing to compare"]))
+    if disagree:
+        return "disagree", disagree + incomplete
+    return ("incomplete", incomplete) if incomplete else ("agree", [])
+
+
+def _settings_rows(settings: dict | None, backend: str, resolved: dict, draft_path: str) -> list[dict]:
+    if settings is None:
+        return []
+    if backend == "sglang":
+        return compare_sglang_settings(settings, resolved, draft_path)
+    return compare_vllm_settings(settings, resolved)
+
+
+def _decode_and_ask(oracle, workload, client, config: RunConfig, check: ServerCheckConfig, progress: bool):
+    """(prompts, oracle samples, per-request rows): each prompt decoded by the oracle, then sent."""
+    from tqdm import tqdm
+
+    from eagle_eval.workload.conversations import run_turns
+
+    prompts, rows = [], []
+    num_steps = oracle.resolved["num_steps"]
+
+    def decode(prompt):
+        # turn t > 1 is built from the ORACLE's earlier answers; the server gets the same token ids
+        rec = oracle.decode(prompt, check_lossless=False)
+        prompts.append(prompt)
+        if client is not None:
+            reply = client.generate(prompt.input_ids, config.max_new_tokens)
+            div = divergence_from_oracle(oracle, prompt, reply.output_ids, rec.output_ids)
+            rows.append(compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin))
+        return rec
+
+    samples = list(tqdm(run_turns(workload, decode), total=workload.num_prompts, desc="prompts", unit="prompt",
+                        disable=not progress))
+    return prompts, samples, rows
+
+
+def _log_comparison(path: Path, start: int, samples, resolved: dict, tolerance: float) -> dict:
+    from eagle_eval.results.report import summarize
+
+    with open(path, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    tau = summarize(samples, resolved["num_steps"])["summary"]["accept_length"]
+    log = compare_sglang_log(parse_sglang_log(text), tau, resolved["num_draft_tokens"], tolerance)
+    log.update(file=str(path), read_from_byte=start)
+    return log
+
+
+def _warnings(oracle, workload, server_notes, rows, divergences, tie_margin: float) -> list[str]:
+    out = list(oracle.warnings) + list(workload.warnings) + server_notes
+    out += sorted({n for r in rows for n in r["notes"]})
+    out += [f"{d['id']}: near-tie divergence at position {d['position']} (target logit margin {d['margin']:.4g} "
+            f"< --tie-margin {tie_margin:g}): left out of the acceptance comparison"
+            for d in divergences if d["kind"] == "near_tie"]
+    return out
+
+
+def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
+                     progress: bool = False) -> ServerCheckResult:
+    """Compare the server at check.url (and/or check.sglang_log) with the oracle for config's prompts.
+
+    `oracle`: an already loaded `api.Oracle` for `config` (saves reloading the target in test suites).
+    """
+    import torch
+
+    from eagle_eval.api import load_oracle
+    from eagle_eval.results.report import DEFINITIONS, build_report, write_report
+    from eagle_eval.servers.clients import make_client
+    from eagle_eval.servers.hypotheses import match_hypotheses
+    from eagle_eval.workload.conversations import load_workload
+
+    torch.manual_seed(config.seed)
+    log_path = Path(check.sglang_log) if check.sglang_log else None
+    if log_path is not None and not log_path.is_file():
+        raise FileNotFoundError(f"--sglang-log {log_path}: no such file")
+    # with --url, only the lines the server appends while this check runs describe its workload
+    log_start = log_path.stat().st_size if log_path is not None and check.url else 0
+    backend = check.backend
+    client = (make_client(backend, check.url, check.timeout, check.retries, check.served_model_name,
+                          check.metrics_settle) if check.url else None)
+    # before loading the target: a wrong --url fails in seconds
+    settings, note = client.settings() if client is not None else (None, None)
+    oracle = oracle or load_oracle(config)
+    workload = load_workload(config, oracle.tokenizer)      # the same prompts and turns as `run`
+    resolved = oracle.resolved
+    prompts, samples, rows = _decode_and_ask(oracle, workload, client, config, check, progress)
+    acceptance = aggregate(backend, rows, check.tolerance) if client is not None else None
+    hypotheses = None
+    if acceptance is not None and acceptance["within_tolerance"] is False and check.hypotheses:
+        server_steps = (settings or {}).get("speculative_num_steps" if backend == "sglang"
+                                            else "num_speculative_tokens")
+        figures = {r["id"]: r["server"]["figure"] for r in rows if r["comparable"]}
+        hypotheses = match_hypotheses(oracle, prompts, figures, backend, server_steps)
+    log = _log_comparison(log_path, log_start, samples, resolved, check.tolerance) if log_path else None
+    settings_rows = _settings_rows(settings, backend, resolved, config.draft)
+    verdict, reasons = _verdict(rows, settings_rows, acceptance, log)
+    divergences = [{"id": r["id"], "kind": r["tokens"], **r["divergence"]} for r in rows if r["divergence"]]
+    warnings = _warnings(oracle, workload, [note] if note else [], rows, divergences, check.tie_margin)
+    report = build_report(config, {**resolved, **workload.resolved}, samples, warnings,
+                          sample_prompt=workload.sample_prompt)
+    counts = {k: sum(1 for r in rows if r["tokens"] == k) for k in ("equal", "near_tie", "mismatch", "unknown")}
+    report.update({
+        "kind": "server_check",
+        "definitions": {**DEFINITIONS, **{f"server_{b}": f"{n}: {d}" for b, (n, d) in FIGURES.items()}},
+        "server_check": asdict(check),
+        "server": {"backend": backend, "url": check.url, "settings": settings, "settings_check": settings_rows},
+        "tokens": {"requests": len(rows), **counts, "tie_margin": check.tie_margin},
+        "acceptance": acceptance,
+        "distribution": server_distribution(backend, rows, resolved["num_steps"]) if rows else None,
+        "divergences": divergences, "requests": rows, "hypotheses": hypotheses, "sglang_log": log,
+        "verdict": verdict, "reasons": reasons, "exit_status": EXIT_STATUS[verdict],
+    })
+    if check.output_dir:
+        Path(check.output_dir).mkdir(parents=True, exist_ok=True)
+        write_report(Path(check.output_dir) / "server_check.json", report)
+    return ServerCheckResult(report=report, exit_status=EXIT_STATUS[verdict])
+
+
+def _f(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def render_server_check(report: dict) -> str:
+    """The terminal summary of a server_check report."""
+    srv, tok, acc = report["server"], report["tokens"], report["acceptance"]
+    lines = [f"server-check  {srv['backend']}  {srv['url'] or '(log only)'}"]
+    for s in srv["settings_check"]:
+        state = {True: "ok", False: "MISMATCH", None: "-"}[s["ok"]]
+        lines.append(f"  {s['setting']:<34} server {str(s['server']):<12} oracle {str(s['oracle']):<12} {state}"
+                     + (f"  ({s['note']})" if s["note"] else ""))
+    if srv["url"]:
+        lines.append(f"tokens      {tok['requests']} requests: {tok['equal']} equal, {tok['near_tie']} near-tie, "
+                     f"{tok['mismatch']} diverged, {tok['unknown']} not reported")
+    for d in report["divergences"]:
+        lines.append(f"  {d['id']}: position {d['position']}: server {d.get('server_token', '-')}, oracle "
+                     f"{d.get('oracle_token', '-')}, target logit margin {_f(d.get('margin'))} ({d['kind']})")
+    if acc is not None:
+        verdict = {True: "within tolerance", False: "OUTSIDE tolerance", None: "not compared"}
+        lines += [f"acceptance  {acc['figure']}: {acc['definition']}",
+                  f"  oracle {_f(acc['oracle'])}  server {_f(acc['server'])}  relative difference "
+                  f"{_f(acc['relative_difference'], '.1%')}  (tolerance {acc['tolerance']:.1%}, "
+                  f"{acc['requests_compared']} requests): {verdict[acc['within_tolerance']]}",
+                  f"  {'id':<12} {'oracle':>8} {'server':>8} {'verify o/s':>11}"]
+        for r in report["requests"]:
+            lines.append(f"  {r['id']:<12} {_f(r['oracle']['figure']):>8} {_f(r['server']['figure']):>8} "
+                         f"{r['oracle']['verify_count']:>5}/{str(r['server']['verify_count']):<5}"
+                         + ("" if r["comparable"] else "  (left out)"))
+    hyp = report["hypotheses"]
+    if hyp:
+        lines.append(f"hypotheses  (mean |server - hypothesis| per request over {hyp['requests']} requests)")
+        for h in hyp["ranking"]:
+            mark = "  <- best" if h["name"] in hyp["tied"] else ""
+            lines.append(f"  {h['name']:<24} aggregate {_f(h['aggregate'])}  mean|diff| "
+                         f"{_f(h['mean_abs_difference'])}  exact {h['exact_requests']}/{hyp['requests']}{mark}")
+            lines.append(f"      {h['description']}")
+    log = report["sglang_log"]
+    if log:
+        lines.append(f"sglang log  {log['lines']} decode lines, mean accept len {_f(log['server_accept_length'])} "
+                     f"vs oracle tau {_f(log['oracle_accept_length'])}")
+    for w in report["warnings"]:
+        lines.append(f"WARNING: {w}")
+    lines.append(f"verdict: {report['verdict'].upper()}")
+    lines += [f"  - {r}" for r in report["reasons"]]
+    return "\n".join(lines)

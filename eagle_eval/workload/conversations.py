@@ -1,0 +1,137 @@
+"""The workload: questions -> prompts -> sample records, turn by turn (no model of its own).
+
+Contract: `load_workload` reads the dataset (`--dataset`, else the plain `--prompts` JSONL), selects
+questions (--categories, --shuffle-seed, --limit) and renders every first turn up front, so bad rows
+fail before any decoding. `run_turns` decodes each question turn by turn: turn t is rendered from the
+user turns 1..t with, between them, the target's own answers to the earlier turns (the output of the
+speculative decode, which is plain greedy), decoded to text without special tokens: what FastChat's
+`gen_model_answer` and EAGLE's MT-Bench evaluation do. Each turn is one `SampleRecord` with `turn`
+set; a question with several turns gets ids `ID/turn1`, `ID/turn2`, ...
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from eagle_eval.config import RunConfig
+from eagle_eval.results.records import Prompt, SampleRecord
+from eagle_eval.workload.data import DataError, tokenize_row
+from eagle_eval.workload.datasets import Question, read_jsonl_rows, read_questions, select, to_question
+from eagle_eval.workload.templates import NO_TEMPLATE_IN_TOKENIZER, PromptFormat
+
+
+@dataclass
+class Workload:
+    questions: list[Question]
+    fmt: PromptFormat
+    tokenizer: object
+    first_prompts: list[Prompt]          # turn 1 of each question, rendered
+    resolved: dict                       # echoed in report.json's config
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def num_prompts(self) -> int:
+        """Prompts to decode: one per turn."""
+        return sum(max(1, len(q.turns)) for q in self.questions)
+
+    def pending(self, done) -> int:
+        """Prompts (turns) not yet among the ids in `done`."""
+        return sum(sample_id(q, t) not in done for q in self.questions for t in range(1, max(1, len(q.turns)) + 1))
+
+    @property
+    def sample_prompt(self) -> Prompt:
+        return self.first_prompts[0]
+
+
+def sample_id(question: Question, turn: int) -> str:
+    return f"{question.id}/turn{turn}" if len(question.turns) > 1 else question.id
+
+
+def conversation(question: Question, turn: int, answers: list[str]) -> list[dict]:
+    """User turns 1..turn with the answers to turns 1..turn-1 between them.
+
+    >>> q = Question("81", "writing", ("w5 w6", "w7"), "f")
+    >>> [m["content"] for m in conversation(q, 2, ["w9 w10"])]
+    ['w5 w6', 'w9 w10', 'w7']
+    """
+    msgs = []
+    for user, answer in zip(question.turns[:turn - 1], answers):
+        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return msgs + [{"role": "user", "content": question.turns[turn - 1]}]
+
+
+def turn_prompt(question: Question, turn: int, answers: list[str], fmt: PromptFormat, tokenizer) -> Prompt:
+    if question.row is not None:
+        ids, text = tokenize_row(question.row, tokenizer, question.where, fmt)
+    else:
+        ids, text = fmt.encode(tokenizer, conversation(question, turn, answers), question.where)
+    return Prompt(id=sample_id(question, turn), category=question.category, input_ids=ids, text=text)
+
+
+def _read(config: RunConfig) -> tuple[list[Question], str, dict]:
+    if config.dataset is None:        # the plain prompt JSONL: line-numbered errors, as before
+        table = read_jsonl_rows(_existing(config.prompts))
+        questions = [to_question("prompts", row, i, where) for i, (where, row) in enumerate(table.rows, 1)]
+        _check_unique(questions)
+        return questions, "prompts", {"path": config.prompts, "option": "--prompts", "split": None}
+    questions, fmt, table = read_questions(config.dataset, config.dataset_format)
+    return questions, fmt, {"path": config.dataset, "option": "--dataset", "split": table.split}
+
+
+def _existing(path: str) -> Path:
+    if not Path(path).is_file():
+        raise DataError(f"{path}: prompts file does not exist")
+    return Path(path)
+
+
+def _check_unique(questions: list[Question]) -> None:
+    seen = set()
+    for q in questions:
+        if q.id in seen:
+            raise DataError(f"{q.where}: duplicate id {q.id!r}")
+        seen.add(q.id)
+
+
+def load_workload(config: RunConfig, tokenizer) -> Workload:
+    questions, fmt_name, source = _read(config)
+    chosen = select(questions, source["path"], config.categories, config.shuffle_seed, config.limit)
+    if not chosen:
+        raise DataError(f"{source['path']}: no prompts")
+    fmt = PromptFormat.resolve(tokenizer, config.no_chat_template, config.chat_template, config.system_prompt,
+                               config.enable_thinking)
+    notes = []
+    if fmt.source == NO_TEMPLATE_IN_TOKENIZER and config.enable_thinking is not None:
+        notes.append("--enable-thinking/--disable-thinking ignored: the tokenizer has no chat template")
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    first = [turn_prompt(q, 1, [], fmt, tokenizer) for q in chosen]
+    resolved = {
+        "dataset_format": fmt_name,
+        "dataset_format_given": config.dataset_format,
+        "dataset_source": {**source, "questions_read": len(questions), "questions_used": len(chosen)},
+        "template_sha256": fmt.template_sha256,
+        "prompt_format": fmt.as_dict(),
+        "multi_turn": "turn t>1 is rendered from the earlier user turns and the target's own greedy "
+                      "answers to them (decoded without special tokens)",
+    }
+    return Workload(chosen, fmt, tokenizer, first, resolved, notes)
+
+
+def run_turns(workload: Workload, decode: Callable[[Prompt], SampleRecord],
+              done: dict[str, SampleRecord] | None = None) -> Iterator[SampleRecord]:
+    """Yield one new record per turn, in order; records in `done` (a resumed run) are not decoded
+    again, but their answers still build the next turn."""
+    done = done or {}
+    for question, first in zip(workload.questions, workload.first_prompts):
+        answers: list[str] = []
+        for turn in range(1, max(1, len(question.turns)) + 1):
+            prompt = first if turn == 1 else turn_prompt(question, turn, answers, workload.fmt, workload.tokenizer)
+            rec = done.get(prompt.id)
+            if rec is None:
+                rec = decode(prompt)
+                rec.turn = turn
+                yield rec
+            answers.append(workload.tokenizer.decode(rec.output_ids, skip_special_tokens=True).strip())
