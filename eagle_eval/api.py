@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.models.capture import resolve_aux_layers
+from eagle_eval.models.capture import engine_taps, resolve_aux_layers
 from eagle_eval.models.head_io import load_head
 from eagle_eval.results.plot import plot_ablation
 from eagle_eval.results.records import Prompt, SampleRecord, append_jsonl, read_jsonl
@@ -160,7 +160,8 @@ def load_oracle(config: RunConfig) -> Oracle:
                           "total_token": config.eagle_total_token,
                           "conversion": "num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token"}
                          if config.eagle_depth is not None else None),
-        "aux_layers": aux.as_dict(),
+        "aux_layers": {**aux.as_dict(), "engines": {e: t.as_dict() for e, t in engine_taps(
+            target.num_layers, loaded.aux_ids_sglang, loaded.aux_ids_vllm).items()}},
         "embedding": table_name,
         "vocab_map": {"draft_vocab_size": head.config.draft_vocab_size, "vocab_size": head.config.vocab_size,
                       "d2t": "checkpoint" if loaded.d2t_in_checkpoint else "none (full vocab)",

@@ -246,8 +246,12 @@ def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, topk_gri
 @model_options
 @click.option("--backend", type=click.Choice(["sglang", "vllm"]), required=True)
 @click.option("--url", default=None, help="The running server, http://HOST:PORT.")
+@click.option("--mode", type=click.Choice(["exact", "tolerance"]), default="exact", show_default=True,
+              help="exact: every request's tokens and counts must equal the oracle's (a faithful fp32 engine); "
+                   "tolerance: a 95%% interval of per-request acceptance differences within --tolerance "
+                   "(servers with bf16 kernels).")
 @click.option("--tolerance", type=float, default=0.05, show_default=True,
-              help="Relative tolerance on the aggregate acceptance figure.")
+              help="Relative tolerance: per-request interval in --mode tolerance, and the SGLang log.")
 @click.option("--tie-margin", type=float, default=0.1, show_default=True,
               help="A divergence where the target's logit margin is below this is numerics, not a bug.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds per HTTP request.")

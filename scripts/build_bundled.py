@@ -7,8 +7,10 @@ writes (about 16 minutes on 2 idle CPU cores, no network, no downloaded data):
   checkpoints/target/     a small LlamaForCausalLM (8 layers, hidden 192, GQA 6/2 heads, vocab 929,
                           fp32 safetensors) + byte-level BPE tokenizer + chat template
   checkpoints/draft/      an EAGLE-3 head (SpecForge/SGLang layout, draft vocab 464, d2t/t2d, no
-                          embed_tokens) on the DEFAULT aux layers HF[2], HF[N//2], HF[N-3] (SGLang [1, 3, 4])
-  checkpoints/draft-alt/  the same head shape trained longer on HF[1], HF[4], HF[7] (SGLang ids [0, 3, 6]);
+                          embed_tokens) on the DEFAULT aux layers HF[2], HF[N//2], HF[N-3] (SGLang [1, 3, 4]);
+                          its config carries both id keys, so SGLang and both vLLM runners tap them
+  checkpoints/draft-alt/  the same head shape trained longer on HF[1], HF[4], HF[7] (SGLang ids [0, 3, 6],
+                          the nested key only: vLLM's V1 runner reads HF[0, 3, 6], its V2 runner the defaults);
                           read with the deployment bug's layers HF[0], HF[1], HF[4] (SGLang [-1, 0, 3]:
                           the list shifted one slot, the embedding in front) its acceptance falls
                           steeply (the wiring-bug demonstration of README "diagnose")
@@ -515,7 +517,10 @@ def make_heads(target, data: HeadData, spec: HeadSpec, out: Path | None) -> dict
         steps = spec.steps * (ALT_STEPS_SCALE if name == "draft-alt" else 1)
         train_head(head, target, data.train, hf_ids, replace(spec, steps=steps), name)
         if out is not None:
-            save_head(head, out / name, aux_layer_ids_sglang=[i - 1 for i in hf_ids])
+            # draft carries both id keys (every engine taps its layers); draft-alt only the nested
+            # SGLang-style key, the config of the deployment story (vLLM reads it differently)
+            save_head(head, out / name, aux_layer_ids_sglang=[i - 1 for i in hf_ids],
+                      both_id_keys=name == "draft")
         report[name] = {hf: teacher_forced(head, target, data.eval, hf, 5)
                         for hf in (*data.aux.values(), BUG_AUX_HF)}
     return report

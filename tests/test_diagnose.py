@@ -261,9 +261,17 @@ def test_engine_specific_aux_id_keys(alt):
 
     nested_only = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 6]}}
     aux = resolve_aux_layers(8, 3, None, "sglang", [2, 4, 6], None)
-    assert codes(sanity.aux_id_findings(nested_only, 8, aux, None)) == ["vllm-ignores-nested-ids"]
+    # vLLM V1 reads the nested ids unchanged (HF [2, 4, 6], one low); V2 ignores them (defaults HF [2, 4, 5])
+    found = sanity.aux_id_findings(nested_only, 8, aux, None)
+    assert codes(found) == ["vllm-v1-taps-differ", "vllm-v2-taps-differ"]
+    assert [f.detail["engine_hf"] for f in found] == [[2, 4, 6], [2, 4, 5]]
+    assert all('"eagle_aux_hidden_state_layer_ids": [3, 5, 7]' in f.message for f in found)
     top_only = {"eagle_aux_hidden_state_layer_ids": [3, 5, 7]}
-    assert codes(sanity.aux_id_findings(top_only, 8, aux, None)) == ["sglang-ignores-top-level-ids"]
+    assert codes(sanity.aux_id_findings(top_only, 8, aux, None)) == ["sglang-taps-differ"]
+    # nested ids equal to the defaults: V2 agrees by luck, V1 still reads them one low (the bundled head's case)
+    default_nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}}
+    default_aux = resolve_aux_layers(8, 3, None, "sglang", [1, 3, 4], None)
+    assert codes(sanity.aux_id_findings(default_nested, 8, default_aux, None)) == ["vllm-v1-taps-differ"]
     both = {**nested_only, **top_only}
     assert codes(sanity.aux_id_findings(both, 8, aux, None)) == []
     shifted = resolve_aux_layers(8, 3, (1, 3, 4), "sglang", [2, 4, 6], None)

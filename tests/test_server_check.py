@@ -17,7 +17,7 @@ from trained import AUX_HF, NEW_TOKENS, NUM_PROMPTS, NUM_STEPS, trained
 from eagle_eval import api
 from eagle_eval.cli import main
 from eagle_eval.config import RunConfig
-from eagle_eval.servers.check import ServerCheckConfig, run_server_check
+from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
 from eagle_eval.servers.http import ServerError
 
 # wiring faults as a server would have them, written as the RunConfig that reproduces each
@@ -26,6 +26,8 @@ WIRING_FAULTS = {
     "aux_hf_minus_1": dict(aux_layers=tuple(i - 1 for i in AUX_HF), aux_convention="hf"),
     "embedding_for_lowest": dict(aux_layers=(0,) + AUX_HF[1:], aux_convention="hf"),
     "position_offset": dict(position_offset=1),
+    # no hypothesis models this one: the lowest and highest taps moved in opposite directions
+    "unmodelled_taps": dict(aux_layers=(1, 4, 6), aux_convention="hf"),
 }
 
 
@@ -88,7 +90,10 @@ def test_faithful_server_agrees(run_config, checker, server_oracle, backend):
     assert r["hypotheses"] is None
 
 
-@pytest.mark.parametrize("backend, fault", [("sglang", f) for f in WIRING_FAULTS] +
+MODELLED = [f for f in WIRING_FAULTS if f != "unmodelled_taps"]
+
+
+@pytest.mark.parametrize("backend, fault", [("sglang", f) for f in MODELLED] +
                          [("vllm", "aux_hf_plus_1"), ("vllm", "position_offset")])
 def test_wiring_fault_is_caught_and_named(run_config, checker, server_oracle, backend, fault):
     with serve(Engine(server_oracle(fault), backend)) as url:
@@ -96,14 +101,38 @@ def test_wiring_fault_is_caught_and_named(run_config, checker, server_oracle, ba
     r = result.report
     assert result.exit_status == 1 and r["verdict"] == "disagree"
     assert r["tokens"]["equal"] == NUM_PROMPTS            # a wiring fault costs speed, never tokens
-    assert r["acceptance"]["within_tolerance"] is False
+    j = r["judgement"]
+    assert j["mode"] == "exact" and j["counts_differ"] > 0 and j["exact"] + j["counts_differ"] == NUM_PROMPTS
     assert r["acceptance"]["server"] < r["acceptance"]["oracle"]
     hyp = r["hypotheses"]
-    assert hyp["best"] == fault and hyp["tied"] == [fault]
+    assert hyp["explanation"] == fault and hyp["tied"] == [fault]
     best = hyp["ranking"][0]
     assert best["mean_abs_difference"] == 0 and best["exact_requests"] == NUM_PROMPTS
     faithful = next(h for h in hyp["ranking"] if h["name"] == "as_configured")
-    assert faithful["mean_abs_difference"] > 0.2
+    assert faithful["mean_abs_difference"] > 0.2 and faithful["exact_requests"] == j["exact"]
+
+
+def test_a_fault_no_hypothesis_models_is_not_explained(run_config, checker, server_oracle):
+    with serve(Engine(server_oracle("unmodelled_taps"), "sglang")) as url:
+        result = _check(run_config, checker, url, "sglang")
+    r = result.report
+    assert result.exit_status == 1 and r["judgement"]["counts_differ"] > 0
+    hyp = r["hypotheses"]
+    assert hyp["explanation"] is None and hyp["tied"] == [] and len(hyp["nearest"]) == 3
+    assert all(h["exact_requests"] * 2 <= hyp["requests"] for h in hyp["ranking"])
+    assert "no hypothesis explains the server" in render_server_check(r)
+
+
+def test_tolerance_mode_judges_the_per_request_interval(run_config, checker, server_oracle):
+    with serve(Engine(server_oracle(), "vllm")) as url:
+        faithful = _check(run_config, checker, url, "vllm", mode="tolerance")
+    assert faithful.exit_status == 0 and faithful.report["judgement"]["interval"]["mean"] == 0
+    with serve(Engine(server_oracle("embedding_for_lowest"), "vllm")) as url:
+        faulty = _check(run_config, checker, url, "vllm", mode="tolerance")
+    iv = faulty.report["judgement"]["interval"]
+    assert faulty.exit_status == 1 and iv["high"] < -0.05         # wholly below -tolerance
+    assert faulty.report["hypotheses"]["explanation"] == "embedding_for_lowest"
+    assert "judged      tolerance mode" in render_server_check(faulty.report)
 
 
 def test_unadjusted_num_draft_tokens_is_a_settings_mismatch(run_config, checker, server_oracle):

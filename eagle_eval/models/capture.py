@@ -142,3 +142,72 @@ class FeatureCapture:
         feats = torch.cat([self._store[i].to(self.device) for i in self.hf], dim=-1)
         self._store.clear()
         return feats
+
+
+# -- what each serving engine taps for a head config (EAGLE3.md section 1) ----------------------------
+
+ENGINES = ("sglang", "vllm_v1", "vllm_v2")
+ENGINE_NAMES = {"sglang": "SGLang", "vllm_v1": "vLLM (V1 model runner)", "vllm_v2": "vLLM (V2 model runner)"}
+
+
+@dataclass(frozen=True)
+class EngineTaps:
+    engine: str                  # one of ENGINES
+    hf: tuple[int, ...] | None   # HF indices the engine feeds the head, ascending; None: it cannot serve these ids
+    reads: str                   # which key (or the default) and how it is read
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "name": ENGINE_NAMES[self.engine],
+                "hf": list(self.hf) if self.hf is not None else None, "reads": self.reads}
+
+
+def _valid(hf: list[int], num_layers: int) -> tuple[int, ...] | None:
+    return tuple(sorted(hf)) if all(0 <= i < num_layers for i in hf) and len(set(hf)) == len(hf) else None
+
+
+def engine_taps(num_layers: int, nested_ids=None, top_ids=None) -> dict[str, EngineTaps]:
+    """The target tensors each engine feeds a head whose config.json carries these id keys.
+
+    nested_ids: `eagle_config.eagle_aux_hidden_state_layer_ids`; top_ids: top-level
+    `eagle_aux_hidden_state_layer_ids`. SGLang reads only the nested key, as output-of-layer ids
+    (sglang `models/llama.py` set_eagle3_layers_to_capture adds 1). vLLM reads the top-level key as
+    input-of-layer ids; without it, its V1 model runner (`v1/worker/gpu_model_runner.py`
+    _get_eagle3_aux_layers_from_config, which the CPU runner inherits) reads the nested ids UNCHANGED,
+    one layer low, while its V2 runner ignores the nested key and taps the defaults.
+
+    >>> t = engine_taps(8, nested_ids=[1, 3, 4])
+    >>> [(e, t[e].hf) for e in ENGINES]
+    [('sglang', (2, 4, 5)), ('vllm_v1', (1, 3, 4)), ('vllm_v2', (2, 4, 5))]
+    >>> [t.hf for t in engine_taps(8, nested_ids=[1, 3, 4], top_ids=[2, 4, 5]).values()]
+    [(2, 4, 5), (2, 4, 5), (2, 4, 5)]
+    """
+    default = tuple(default_hf_layers(num_layers))
+    if nested_ids is not None:
+        sglang = EngineTaps("sglang", _valid([k + 1 for k in nested_ids], num_layers),
+                            f"eagle_config ids {list(nested_ids)} as output-of-layer ids (+1)")
+    else:
+        sglang = EngineTaps("sglang", default, "no eagle_config ids: the default HF[2], HF[N//2], HF[N-3]"
+                            + (" (it ignores the top-level key)" if top_ids is not None else ""))
+    if top_ids is not None:
+        top = _valid(list(top_ids), num_layers)
+        v1 = EngineTaps("vllm_v1", top, f"top-level ids {list(top_ids)} as input-of-layer ids")
+        v2 = EngineTaps("vllm_v2", top, f"top-level ids {list(top_ids)} as input-of-layer ids")
+    else:
+        v1 = (EngineTaps("vllm_v1", _valid(list(nested_ids), num_layers),
+                         f"no top-level ids: eagle_config ids {list(nested_ids)} read unchanged as input-of-layer "
+                         "ids (one layer low)") if nested_ids is not None else
+              EngineTaps("vllm_v1", default, "no ids: the default HF[2], HF[N//2], HF[N-3]"))
+        v2 = EngineTaps("vllm_v2", default, "no top-level ids: the default HF[2], HF[N//2], HF[N-3]"
+                        + (" (it ignores eagle_config)" if nested_ids is not None else ""))
+    return {t.engine: t for t in (sglang, v1, v2)}
+
+
+def consistent_config_lines(hf) -> str:
+    """The draft config.json lines that make every engine tap HF `hf` (both keys, consistent).
+
+    >>> consistent_config_lines([2, 4, 5])
+    '"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}'
+    """
+    hf = sorted(hf)
+    return (f'"eagle_aux_hidden_state_layer_ids": {hf}, '
+            f'"eagle_config": {{"eagle_aux_hidden_state_layer_ids": {[i - 1 for i in hf]}}}')

@@ -207,8 +207,12 @@ def vocab_map_from_used(used: torch.Tensor, vocab_size: int) -> tuple[torch.Tens
 
 
 def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
-              dialect: str = SPECFORGE) -> None:
-    """Write `head` in one of the three layouts (config.json + weights)."""
+              dialect: str = SPECFORGE, both_id_keys: bool = False) -> None:
+    """Write `head` in one of the three layouts (config.json + weights).
+
+    both_id_keys (SpecForge layout): also write the top-level vLLM-style ids (= nested + 1), so that
+    SGLang and both vLLM model runners tap the same tensors (capture.engine_taps).
+    """
     from safetensors.torch import save_file
 
     if dialect not in DIALECTS:
@@ -240,6 +244,8 @@ def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
         if dialect == SPECFORGE:
             config["eagle_config"] = {"use_aux_hidden_state": cfg.num_aux > 1,
                                       **({"eagle_aux_hidden_state_layer_ids": ids} if ids else {})}
+            if ids and both_id_keys:
+                config["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     names = key_map(dialect, head.state_dict())
     tensors = {names[k]: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}

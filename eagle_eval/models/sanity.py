@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from eagle_eval.models.capture import default_hf_layers
+from eagle_eval.models.capture import ENGINE_NAMES, consistent_config_lines, default_hf_layers, engine_taps
 from eagle_eval.results.findings import Finding, error, info, warning
 
 SAMPLE_ROWS = 4096           # matrix statistics use at most this many rows (deterministic sample)
@@ -232,22 +232,23 @@ def config_aux_hf(raw: dict) -> list[int] | None:
 
 
 def aux_id_findings(raw: dict, num_layers: int, aux, cli_ids) -> list[Finding]:
-    """Which engine reads which key, and a --aux-layers that overrides the draft config."""
+    """What each engine taps for this config (capture.engine_taps) against the layers the config means
+    (the head's training layers as far as its config says), and a --aux-layers that overrides them."""
     nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     top = raw.get("eagle_aux_hidden_state_layer_ids")
-    default = default_hf_layers(num_layers)
+    from_config = config_aux_hf(raw) or default_hf_layers(num_layers)
+    reference, source = (sorted(aux.hf), aux.source) if cli_ids is None else (sorted(from_config), "draft config")
     out = []
-    if nested is not None and top is None and sorted(i + 1 for i in nested) != default:
-        out.append(warning("vllm-ignores-nested-ids",
-                           f"only eagle_config.eagle_aux_hidden_state_layer_ids={list(nested)} is set: vLLM reads the "
-                           f"top-level key and falls back to HF {default}; add \"eagle_aux_hidden_state_layer_ids\": "
-                           f"{sorted(i + 1 for i in nested)} for vLLM"))
-    if top is not None and nested is None and sorted(top) != default:
-        out.append(warning("sglang-ignores-top-level-ids",
-                           f"only the top-level eagle_aux_hidden_state_layer_ids={list(top)} is set: SGLang reads "
-                           f"eagle_config.eagle_aux_hidden_state_layer_ids and falls back to HF {default}; add "
-                           f"\"eagle_config\": {{\"eagle_aux_hidden_state_layer_ids\": {sorted(i - 1 for i in top)}}}"))
-    from_config = config_aux_hf(raw) or default
+    for taps in engine_taps(num_layers, nested, top).values():
+        if taps.hf is not None and list(taps.hf) == reference:
+            continue
+        tapped = f"HF {list(taps.hf)}" if taps.hf is not None else "no valid layers"
+        out.append(warning(f"{taps.engine.replace('_', '-')}-taps-differ",
+                           f"{ENGINE_NAMES[taps.engine]} would tap {tapped} ({taps.reads}), not the HF {reference} "
+                           f"of the {source}: set {consistent_config_lines(reference)} in the draft config.json "
+                           "so that every engine taps the same tensors",
+                           engine=taps.engine, engine_hf=list(taps.hf) if taps.hf is not None else None,
+                           recommended=consistent_config_lines(reference)))
     if cli_ids is not None and sorted(aux.hf) != sorted(from_config):
         out.append(warning("aux-layers-override",
                            f"--aux-layers gives HF {list(aux.hf)} but the draft config implies HF "

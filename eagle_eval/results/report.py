@@ -138,6 +138,16 @@ def _fmt(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
 
+def render_engine_taps(aux: dict) -> list[str]:
+    """One line per engine: what it taps for this head's config, marked where it differs from `aux['hf']`."""
+    out = []
+    for t in (aux.get("engines") or {}).values():
+        same = t["hf"] == aux["hf"]
+        out.append(f"  {t['name']:<24} taps HF {t['hf'] if t['hf'] is not None else '(none valid)'}"
+                   f"{'' if same else '  <- DIFFERS'}  ({t['reads']})")
+    return out
+
+
 def render_table(report: dict) -> str:
     cfg, s = report["config"], report["summary"]
     aux = cfg["aux_layers"]
@@ -146,6 +156,7 @@ def render_table(report: dict) -> str:
         f"{cfg['dtype']}, {', '.join(cfg['target']['devices'])})",
         f"draft   {cfg['head']['path']}  ({cfg['head']['dialect']} layout)",
         f"aux layers  HF {aux['hf']}  = SGLang ids {aux['sglang']}  = vLLM ids {aux['vllm']}  [{aux['source']}]",
+        *render_engine_taps(aux),
         f"embedding   {cfg['embedding']}",
         f"vocab map   draft {cfg['vocab_map']['draft_vocab_size']} / target {cfg['vocab_map']['vocab_size']}, "
         f"d2t {cfg['vocab_map']['d2t']}{' (identity)' if cfg['vocab_map']['d2t_identity'] else ''}",

@@ -4,14 +4,16 @@ Contract: `run_server_check(run_config, check_config)` decodes every prompt with
 same token ids to the server at temperature 0 (one request at a time), and returns a report shaped
 like `run`'s (config, summary, per_position, histogram, provenance) plus the server's settings,
 per-request rows, divergences, the acceptance comparison, the hypothesis ranking when acceptance
-disagrees, the SGLang log comparison, a verdict and its exit status:
+disagrees, the SGLang log comparison, a verdict and its exit status. Requests are judged one by one
+in `--mode exact` (the default: tokens and counts equal the oracle's) or `--mode tolerance` (a paired
+interval of per-request differences), see `judge`:
 
 | exit | verdict | meaning |
 |---|---|---|
-| 0 | agree | tokens equal (near-ties allowed), settings match, acceptance within tolerance |
-| 1 | disagree | a token mismatch, a settings mismatch or acceptance outside tolerance |
+| 0 | agree | every request exact (or a near-tie), or the interval inside the tolerance; settings match |
+| 1 | disagree | a request with other tokens or (exact mode) other counts, the interval outside the tolerance, a settings mismatch, the SGLang log outside tolerance |
 | 2 | (error) | the server could not be reached or answered garbage (raised as ServerError) |
-| 3 | incomplete | nothing disagrees but acceptance could not be compared (a field is missing) |
+| 3 | incomplete / undecided | nothing disagrees, but a field the check needs is missing, or the interval straddles the tolerance |
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ from eagle_eval.servers.compare import (
     parse_sglang_log,
     server_distribution,
 )
+from eagle_eval.servers.judge import MODES, judge_requests
 
-EXIT_STATUS = {"agree": 0, "disagree": 1, "incomplete": 3}
+EXIT_STATUS = {"agree": 0, "disagree": 1, "incomplete": 3, "undecided": 3}
 
 
 @dataclass(frozen=True)
 class ServerCheckConfig:
     backend: str
     url: str | None = None                   # None: only --sglang-log is compared
-    tolerance: float = 0.05                  # relative, on the aggregate acceptance figure
+    mode: str = "exact"                      # exact | tolerance (see servers/judge.py)
+    tolerance: float = 0.05                  # relative: the per-request interval (tolerance mode), the log
     tie_margin: float = 0.1                  # a divergence with a smaller target logit margin is numerics
     timeout: float = 300.0                   # seconds per HTTP request
     retries: int = 2                         # connection errors and 502/503/504 only
@@ -57,6 +61,8 @@ class ServerCheckConfig:
             raise ConfigError(f"--url must start with http:// or https://, got {self.url!r}")
         if self.sglang_log is not None and self.backend != "sglang":
             raise ConfigError("--sglang-log needs --backend sglang")
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.tolerance < 0 or self.tie_margin < 0:
             raise ConfigError("--tolerance and --tie-margin must be >= 0")
         if self.timeout <= 0 or self.retries < 0 or self.metrics_settle < 0:
@@ -87,38 +93,26 @@ def divergence_from_oracle(oracle, prompt, server_ids: list[int] | None, oracle_
     return {names.get(k, k): v for k, v in d.items()}
 
 
-def _verdict(rows, settings_rows, acceptance, log) -> tuple[str, list[str]]:
-    disagree, incomplete = [], []
-    bad = [r for r in rows if r["tokens"] == "mismatch"]
-    if bad:
-        d = bad[0]["divergence"]
-        where = (f"position {d['position']}: server token {d.get('server_token')}, oracle token "
-                 f"{d.get('oracle_token')}, target logit margin {d.get('margin')}" if "server_token" in d else
-                 f"lengths {d.get('server_len')} (server) vs {d.get('oracle_len')} (oracle)")
-        disagree.append(f"{len(bad)} request(s) differ from the oracle's greedy output (first: {bad[0]['id']} at "
-                        f"{where})")
+def _verdict(judged: dict | None, settings_rows, log) -> tuple[str, list[str]]:
+    """The check's verdict: the per-request judgement, the server's settings and the SGLang log."""
+    found = {"disagree": [], "undecided": [], "incomplete": []}
+    if judged is not None and judged["verdict"] != "agree":
+        found[judged["verdict"]] += judged["reasons"]
     for s in settings_rows:
         if s["ok"] is False:
-            disagree.append(f"server setting {s['setting']} = {s['server']}, oracle {s['oracle']}"
-                            + (f" ({s['note']})" if s["note"] else ""))
-    if acceptance is not None:
-        if acceptance["within_tolerance"] is False:
-            disagree.append(f"acceptance: server {acceptance['figure']} {acceptance['server']:.4f} vs oracle "
-                            f"{acceptance['oracle']:.4f} (relative difference {acceptance['relative_difference']:.1%}"
-                            f" > tolerance {acceptance['tolerance']:.1%})")
-        elif acceptance["within_tolerance"] is None:
-            why = sorted({n for r in rows for n in r["notes"]}) or ["no request could be compared"]
-            incomplete.append("acceptance could not be compared: " + "; ".join(why))
+            found["disagree"].append(f"server setting {s['setting']} = {s['server']}, oracle {s['oracle']}"
+                                     + (f" ({s['note']})" if s["note"] else ""))
     if log is not None:
         if log["within_tolerance"] is False:
-            disagree.append(f"SGLang log: mean accept len {log['server_accept_length']:.3f} vs oracle tau "
-                            f"{log['oracle_accept_length']:.3f} (relative difference "
-                            f"{log['relative_difference']:.1%} > tolerance {log['tolerance']:.1%})")
+            found["disagree"].append(f"SGLang log: mean accept len {log['server_accept_length']:.3f} vs oracle tau "
+                                     f"{log['oracle_accept_length']:.3f} (relative difference "
+                                     f"{log['relative_difference']:.1%} > tolerance {log['tolerance']:.1%})")
         elif log["within_tolerance"] is None:
-            incomplete.append("SGLang log: " + "; ".join(log["notes"] or ["nothing to compare"]))
-    if disagree:
-        return "disagree", disagree + incomplete
-    return ("incomplete", incomplete) if incomplete else ("agree", [])
+            found["incomplete"].append("SGLang log: " + "; ".join(log["notes"] or ["nothing to compare"]))
+    for verdict in ("disagree", "undecided", "incomplete"):
+        if found[verdict]:
+            return verdict, [r for v in ("disagree", "undecided", "incomplete") for r in found[v]]
+    return "agree", []
 
 
 def _settings_rows(settings: dict | None, backend: str, resolved: dict, draft_path: str) -> list[dict]:
@@ -174,6 +168,12 @@ def _warnings(oracle, workload, server_notes, rows, divergences, tie_margin: flo
     return out
 
 
+def _any_disagreement(rows: list[dict], mode: str) -> bool:
+    """Whether some request the hypotheses can use (tokens equal) is not reproduced by the oracle."""
+    return any(r["comparable"] and (r["counts_equal"] is False if mode == "exact"
+                                    else (r.get("figure_difference") or 0) != 0) for r in rows)
+
+
 def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
                      progress: bool = False) -> ServerCheckResult:
     """Compare the server at check.url (and/or check.sglang_log) with the oracle for config's prompts.
@@ -204,15 +204,15 @@ def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
     resolved = oracle.resolved
     prompts, samples, rows = _decode_and_ask(oracle, workload, client, config, check, progress)
     acceptance = aggregate(backend, rows, check.tolerance) if client is not None else None
+    judged = judge_requests(rows, check.mode, check.tolerance) if client is not None else None
     hypotheses = None
-    if acceptance is not None and acceptance["within_tolerance"] is False and check.hypotheses:
+    if judged is not None and check.hypotheses and _any_disagreement(rows, check.mode):
         server_steps = (settings or {}).get("speculative_num_steps" if backend == "sglang"
                                             else "num_speculative_tokens")
-        figures = {r["id"]: r["server"]["figure"] for r in rows if r["comparable"]}
-        hypotheses = match_hypotheses(oracle, prompts, figures, backend, server_steps)
+        hypotheses = match_hypotheses(oracle, prompts, rows, backend, server_steps, check.mode, check.tolerance)
     log = _log_comparison(log_path, log_start, samples, resolved, check.tolerance) if log_path else None
     settings_rows = _settings_rows(settings, backend, resolved, config.draft)
-    verdict, reasons = _verdict(rows, settings_rows, acceptance, log)
+    verdict, reasons = _verdict(judged, settings_rows, log)
     divergences = [{"id": r["id"], "kind": r["tokens"], **r["divergence"]} for r in rows if r["divergence"]]
     warnings = _warnings(oracle, workload, [note] if note else [], rows, divergences, check.tie_margin)
     report = build_report(config, {**resolved, **workload.resolved}, samples, warnings,
@@ -224,6 +224,7 @@ def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
         "server_check": asdict(check),
         "server": {"backend": backend, "url": check.url, "settings": settings, "settings_check": settings_rows},
         "tokens": {"requests": len(rows), **counts, "tie_margin": check.tie_margin},
+        "judgement": judged,
         "acceptance": acceptance,
         "distribution": server_distribution(backend, rows, resolved["num_steps"]) if rows else None,
         "divergences": divergences, "requests": rows, "hypotheses": hypotheses, "sglang_log": log,
@@ -250,6 +251,15 @@ def render_server_check(report: dict) -> str:
     if srv["url"]:
         lines.append(f"tokens      {tok['requests']} requests: {tok['equal']} equal, {tok['near_tie']} near-tie, "
                      f"{tok['mismatch']} diverged, {tok['unknown']} not reported")
+    j = report.get("judgement")
+    if j:
+        lines.append(f"judged      {j['mode']} mode: {j['rule']}")
+        lines.append(f"  exact {j['exact']}/{j['requests']}  near-tie {j['near_tie']}  same tokens other counts "
+                     f"{j['counts_differ']}  other tokens {j['tokens_differ']}  not comparable {j['unknown']}")
+        if j.get("interval"):
+            iv = j["interval"]
+            lines.append(f"  per-request relative difference {iv['mean']:+.2%}, 95% interval [{iv['low']:+.2%}, "
+                         f"{iv['high']:+.2%}] over {iv['requests']} requests")
     for d in report["divergences"]:
         lines.append(f"  {d['id']}: position {d['position']}: server {d.get('server_token', '-')}, oracle "
                      f"{d.get('oracle_token', '-')}, target logit margin {_f(d.get('margin'))} ({d['kind']})")
@@ -266,12 +276,14 @@ def render_server_check(report: dict) -> str:
                          + ("" if r["comparable"] else "  (left out)"))
     hyp = report["hypotheses"]
     if hyp:
-        lines.append(f"hypotheses  (mean |server - hypothesis| per request over {hyp['requests']} requests)")
+        lines.append(f"hypotheses  ({hyp['mode']} mode: one explains the server with {hyp['rule']})")
         for h in hyp["ranking"]:
-            mark = "  <- best" if h["name"] in hyp["tied"] else ""
-            lines.append(f"  {h['name']:<24} aggregate {_f(h['aggregate'])}  mean|diff| "
-                         f"{_f(h['mean_abs_difference'])}  exact {h['exact_requests']}/{hyp['requests']}{mark}")
+            mark = "  <- explains the server" if h["name"] in hyp["tied"] else ""
+            lines.append(f"  {h['name']:<24} exact {h['exact_requests']}/{hyp['requests']}  aggregate "
+                         f"{_f(h['aggregate'])}  mean|diff| {_f(h['mean_abs_difference'])}{mark}")
             lines.append(f"      {h['description']}")
+        if hyp["explanation"] is None:
+            lines.append(f"  no hypothesis explains the server; nearest: {', '.join(hyp['nearest'])}")
     log = report["sglang_log"]
     if log:
         lines.append(f"sglang log  {log['lines']} decode lines, mean accept len {_f(log['server_accept_length'])} "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from eagle_eval.results.acceptance import AcceptanceCounts
 from eagle_eval.results.records import SampleRecord
+from eagle_eval.servers.judge import counts_equal
 
 FIGURES = {
     "sglang": ("spec_accept_length",
@@ -88,24 +89,10 @@ def compare_request(backend: str, rec: SampleRecord, reply, divergence: dict | N
         "comparable": tokens in ("equal", "unknown") and s is not None and o is not None,
         "notes": list(reply.notes),
     }
-    row["counts_equal"] = _counts_equal(row, num_steps) if row["comparable"] else None
+    row["counts_equal"] = counts_equal(row["oracle"], row["server"], num_steps) if row["comparable"] else None
     if row["server"]["figure"] is not None and row["oracle"]["figure"] is not None:
         row["figure_difference"] = row["server"]["figure"] - row["oracle"]["figure"]
     return row
-
-
-def _counts_equal(row: dict, num_steps: int) -> bool:
-    o, s = row["oracle"], row["server"]
-    checks = [s["verify_count"] == o["verify_count"]]
-    if s["accepted_drafts"] is not None:
-        checks.append(s["accepted_drafts"] == o["accepted_drafts"])
-    if s["histogram"] is not None:
-        n = max(len(s["histogram"]), num_steps + 1)
-        checks.append(_padded(s["histogram"], n) == _padded(o["histogram"], n))
-    if s["accepted_per_position"] is not None:
-        n = max(len(s["accepted_per_position"]), num_steps)
-        checks.append(_padded(s["accepted_per_position"], n) == _padded(o["accepted_per_position"], n))
-    return all(checks)
 
 
 def aggregate(backend: str, rows: list[dict], tolerance: float) -> dict:

@@ -1,11 +1,17 @@
 """Which wiring fault explains a server's acceptance: re-run the oracle under each and compare.
 
 Contract: `candidate_hypotheses` lists the usual faults (EAGLE3.md sections 1-3) as changes to the
-oracle's resolved wiring, pure and testable without a model; `oracle_variant` applies one to a loaded
-oracle (sharing the target and head: only the aux taps, positions, embedding table or num_steps
-change, exactly what a changed RunConfig would resolve to); `match_hypotheses` decodes the compared
-prompts under every candidate and ranks them by how closely they reproduce the server's per-request
-figure (mean absolute difference, smallest first).
+oracle's resolved wiring, pure and testable without a model, starting with what each engine of the
+server's kind taps for this head's config (`capture.engine_taps`, e.g. vLLM's V1 runner reading the
+nested SGLang-style ids unchanged); `oracle_variant` applies one to a loaded oracle (sharing the
+target and head: only the aux taps, positions, embedding table or num_steps change, exactly what a
+changed RunConfig would resolve to); `match_hypotheses` decodes the compared prompts under every
+candidate and compares each with the server request by request.
+
+A hypothesis is called THE explanation only when it reproduces the server: in exact mode, the same
+counts on most (more than half) of the compared requests; in tolerance mode, a 95% interval of the
+per-request relative differences inside the tolerance (`judge`). Otherwise no hypothesis explains
+the server, and the report lists the nearest.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from eagle_eval.models.capture import default_hf_layers
+from eagle_eval.results.acceptance import AcceptanceCounts
 from eagle_eval.servers.compare import oracle_counts
+from eagle_eval.servers.judge import counts_equal, judge_interval, paired_interval
 
 
 @dataclass(frozen=True)
@@ -28,8 +36,11 @@ class Hypothesis:
 
 def candidate_hypotheses(aux_hf, num_layers: int, position_offset: int = 0, embedding: str = "target",
                          has_own_embedding: bool = False, server_num_steps: int | None = None,
-                         num_steps: int | None = None) -> list[Hypothesis]:
+                         num_steps: int | None = None, engine_reads=()) -> list[Hypothesis]:
     """The faithful wiring first, then each usual fault that changes something (duplicates dropped).
+
+    engine_reads: (name, description, HF indices) for what the server's engine would tap for this
+    head's config; they come before the generic faults, so a tap set is named after its cause.
 
     >>> [h.name for h in candidate_hypotheses((2, 4, 5), 8)]
     ['as_configured', 'aux_hf_minus_1', 'aux_hf_plus_1', 'embedding_for_lowest', 'position_offset']
@@ -46,6 +57,9 @@ def candidate_hypotheses(aux_hf, num_layers: int, position_offset: int = 0, embe
                 all(h.aux_hf != hf for h in out) and hf != aux:
             out.append(Hypothesis(name, f"{description}: aux HF {list(hf)}", aux_hf=hf))
 
+    for name, description, hf in engine_reads:
+        if hf is not None:
+            add_aux(name, hf, description)
     add_aux("aux_hf_minus_1", [i - 1 for i in aux],
             "aux ids read in the other convention, every HF index - 1 (SGLang-style ids read as vLLM-style)")
     add_aux("aux_hf_plus_1", [i + 1 for i in aux],
@@ -94,42 +108,82 @@ def oracle_variant(oracle, h: Hypothesis):
     return replace(oracle, config=config, speculator=replace(oracle.speculator, **spec_changes), resolved=resolved)
 
 
-def hypotheses_for(oracle, server_num_steps: int | None = None) -> list[Hypothesis]:
+ENGINE_HYPOTHESES = {
+    "sglang": {"sglang": "sglang_reads_config"},
+    "vllm": {"vllm_v1": "vllm_v1_reads_config", "vllm_v2": "vllm_v2_reads_config"},
+}
+
+
+def engine_reads(resolved: dict, backend: str) -> list[tuple]:
+    """(name, description, HF) for what each engine of `backend` taps for the head's config."""
+    engines = resolved["aux_layers"].get("engines") or {}
+    return [(name, f"{engines[e]['name']} reading this head's config: {engines[e]['reads']}",
+             engines[e]["hf"]) for e, name in ENGINE_HYPOTHESES.get(backend, {}).items() if e in engines]
+
+
+def hypotheses_for(oracle, server_num_steps: int | None = None, backend: str | None = None) -> list[Hypothesis]:
     r = oracle.resolved
     return candidate_hypotheses(
         r["aux_layers"]["hf"], oracle.speculator.target.num_layers, r["position_offset"],
         "target" if r["embedding"].startswith("target") else "own",
-        oracle.speculator.head.embed_tokens is not None, server_num_steps, r["num_steps"])
+        oracle.speculator.head.embed_tokens is not None, server_num_steps, r["num_steps"],
+        engine_reads(r, backend) if backend else ())
 
 
-def match_hypotheses(oracle, prompts: list, server_figures: dict[str, float], backend: str,
-                     server_num_steps: int | None = None) -> dict:
-    """Rank the hypotheses by mean |server figure - hypothesis figure| over the prompts in server_figures.
+def _score(variant, prompts: list, rows: dict, backend: str, num_steps: int, tolerance: float) -> dict:
+    """One hypothesis against the server's per-request rows (prompt id -> server-check row)."""
+    num = den = 0
+    diffs, rel, per_request, exact = [], [], {}, 0
+    for p in prompts:
+        rec = variant.decode(p, check_lossless=False)
+        c = oracle_counts(backend, rec)
+        if c is None:
+            continue
+        server = rows[p.id]["server"]
+        per_request[p.id] = c[0] / c[1]
+        num, den = num + c[0], den + c[1]
+        diffs.append(abs(per_request[p.id] - server["figure"]))
+        rel.append((server["figure"] - per_request[p.id]) / per_request[p.id])
+        counts = AcceptanceCounts.from_accepted(rec.accepted_per_cycle, max(num_steps, variant.config.num_steps))
+        mine = {"verify_count": rec.verify_count, "accepted_drafts": counts.accepted_drafts,
+                "histogram": counts.histogram, "accepted_per_position": counts.accepted}
+        exact += bool(counts_equal(mine, server, num_steps))
+    interval = paired_interval(rel)
+    return {"aggregate": num / den if den else None,
+            "mean_abs_difference": sum(diffs) / len(diffs) if diffs else None,
+            "max_abs_difference": max(diffs) if diffs else None, "exact_requests": exact,
+            "interval": list(interval) if interval else None,
+            "within_tolerance": judge_interval(interval, tolerance) == "agree", "per_request": per_request}
 
-    prompts: records.Prompt; server_figures: prompt id -> the server's per-request figure.
+
+def match_hypotheses(oracle, prompts: list, rows: list[dict], backend: str, server_num_steps: int | None = None,
+                     mode: str = "exact", tolerance: float = 0.05) -> dict:
+    """Every hypothesis against the server on the requests whose tokens equal the oracle's.
+
+    prompts: records.Prompt; rows: server-check's per-request rows (with the server's counts).
+    Ranked by exact requests (exact mode) or by mean |server - hypothesis| figure (tolerance mode).
     """
-    chosen = [p for p in prompts if p.id in server_figures]
-    table = []
-    for h in hypotheses_for(oracle, server_num_steps):
-        variant = oracle_variant(oracle, h)
-        num = den = 0
-        diffs, per_request = [], {}
-        for p in chosen:
-            c = oracle_counts(backend, variant.decode(p, check_lossless=False))
-            if c is None:
-                continue
-            per_request[p.id] = c[0] / c[1]
-            num, den = num + c[0], den + c[1]
-            diffs.append(abs(per_request[p.id] - server_figures[p.id]))
-        table.append({**asdict(h), "aux_hf": list(h.aux_hf) if h.aux_hf else None,
-                      "aggregate": num / den if den else None,
-                      "mean_abs_difference": sum(diffs) / len(diffs) if diffs else None,
-                      "max_abs_difference": max(diffs) if diffs else None,
-                      "exact_requests": sum(1 for d in diffs if d < 1e-9), "per_request": per_request})
-    ranked = sorted(table, key=lambda row: (row["mean_abs_difference"] is None, row["mean_abs_difference"] or 0))
-    best = ranked[0] if ranked and ranked[0]["mean_abs_difference"] is not None else None
-    tied = [r["name"] for r in ranked if best and r["mean_abs_difference"] == best["mean_abs_difference"]]
-    return {"requests": len(chosen), "ranking": ranked, "best": best["name"] if best else None, "tied": tied,
-            "server_per_request": server_figures, "score": "mean over requests of |server figure - hypothesis "
-            "figure| (figure as in acceptance.figure)"}
+    by_id = {r["id"]: r for r in rows if r["comparable"]}
+    chosen = [p for p in prompts if p.id in by_id]
+    num_steps = oracle.resolved["num_steps"]
+    table = [{**asdict(h), "aux_hf": list(h.aux_hf) if h.aux_hf else None,
+              **_score(oracle_variant(oracle, h), chosen, by_id, backend, num_steps, tolerance)}
+             for h in hypotheses_for(oracle, server_num_steps, backend)]
 
+    def rank(row):
+        mad = row["mean_abs_difference"]
+        return ((-row["exact_requests"], mad is None, mad or 0) if mode == "exact" else
+                (mad is None, mad or 0, -row["exact_requests"]))
+    ranked = sorted(table, key=rank)
+    explains = [r for r in ranked if (r["exact_requests"] * 2 > len(chosen) if mode == "exact"
+                                      else r["within_tolerance"])]
+    best = explains[0] if explains else None
+    tied = [r["name"] for r in explains if rank(r) == rank(best)] if best else []
+    rule = ("the same counts as the server on more than half of the compared requests" if mode == "exact" else
+            f"a 95% interval of the per-request relative differences inside +-{tolerance:.1%}")
+    return {"requests": len(chosen), "mode": mode, "rule": rule, "ranking": ranked,
+            "explanation": best["name"] if best else None, "tied": tied,
+            "nearest": [r["name"] for r in ranked[:3]],
+            "server_per_request": {i: r["server"]["figure"] for i, r in by_id.items()},
+            "score": "exact_requests: requests whose counts equal the server's; mean_abs_difference: mean over "
+                     "requests of |server figure - hypothesis figure| (figure as in acceptance.figure)"}
