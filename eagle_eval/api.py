@@ -117,6 +117,16 @@ def _choose_embedding(choice: str, loaded, target) -> tuple[object, str]:
     return target_table, "target (the target's embed_tokens)"
 
 
+def _train_acc(config: RunConfig, head_dir) -> dict | None:
+    """The head's training-time per-step accuracy: --train-acc, else the head folder's file, else None."""
+    from eagle_eval.models.training_metrics import read_train_acc
+
+    if config.train_acc is not None:
+        return {"acc": list(config.train_acc), "source": "--train-acc"}
+    found = read_train_acc(head_dir)
+    return {"acc": list(found[0]), "source": found[1]} if found else None
+
+
 def load_oracle(config: RunConfig) -> Oracle:
     from eagle_eval.models.target import load_target
 
@@ -174,6 +184,7 @@ def load_oracle(config: RunConfig) -> Oracle:
         "dtype": dtype,
         "position_offset": config.position_offset,
         "accept_length_definition": "mean over verify cycles of (accepted drafts + 1), bonus counted",
+        "train_acc": _train_acc(config, loaded.path),
     }
     from eagle_eval.models.sanity import load_findings  # issue 5: load-time checks, printed by `run`
     resolved["sanity"] = [f.as_dict() for f in load_findings(target, loaded, aux, config, table_name)]
@@ -269,7 +280,7 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
     """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps."""
     from tqdm import tqdm
 
-    from eagle_eval.results.report import DEFINITIONS, provenance, summarize
+    from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
     from eagle_eval.spec import profile as prof
     from eagle_eval.spec.tree import pool_size
 
@@ -331,6 +342,9 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
     for s, decoded in sims.items():
         recs = [_record(p, d) for p, d in zip(profiled, decoded)]
         by_steps[str(s)] = summarize(recs, s)
+        if oracle.resolved.get("train_acc") and cfg.topk == 1:
+            by_steps[str(s)]["training_prediction"] = training_prediction(oracle.resolved["train_acc"],
+                                                                          by_steps[str(s)], s)
         if cfg.topk > 1:
             by_steps[str(s)]["num_draft_tokens"] = d_main[s]
         if s == min(cfg.num_steps, k_max):

@@ -17,6 +17,7 @@ from eagle_eval.config import (
     DTYPE_CHOICES,
     EMBEDDING_CHOICES,
     RunConfig,
+    parse_floats,
     parse_ids,
     parse_names,
 )
@@ -37,6 +38,9 @@ def model_options(f):
                      help="SGLang's speculative_num_draft_tokens (verify nodes incl. root)."),
         click.option("--max-new-tokens", type=int, default=64, show_default=True),
         click.option("--aux-layers", default=None, help="Aux layer ids, e.g. 1,3,5 (see --aux-convention)."),
+        click.option("--train-acc", default=None,
+                     help="The head's training-time validation accuracy per draft step, acc_1,acc_2,... (SpecForge "
+                          "acc_k); default: the head folder's training_metrics.json. Set beside the measured rates."),
         click.option("--aux-convention", type=click.Choice(["sglang", "vllm", "hf"]), default="sglang",
                      show_default=True, help="sglang: output of layer k; vllm: input of layer k; hf: HF index."),
         click.option("--draft-embedding", type=click.Choice(EMBEDDING_CHOICES), default="auto", show_default=True,
@@ -84,6 +88,7 @@ def data_options() -> list:
 def build_config(**kw) -> RunConfig:
     kw["aux_layers"] = parse_ids(kw.get("aux_layers"))
     kw["categories"] = parse_names(kw.get("categories"))
+    kw["train_acc"] = parse_floats(kw.get("train_acc"), "--train-acc")
     return RunConfig(**kw)
 
 

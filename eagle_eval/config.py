@@ -59,6 +59,7 @@ class RunConfig:
     chat_template: str | None = None         # jinja FILE used instead of the tokenizer's template
     system_prompt: str | None = None
     enable_thinking: bool | None = None      # passed to the template as `enable_thinking` when not None
+    train_acc: tuple[float, ...] | None = None   # acc_1..acc_k at training; None = the head folder's file
 
     def __post_init__(self):
         if self.num_steps < 1:
@@ -88,6 +89,11 @@ class RunConfig:
             raise ConfigError("--resume needs --output-dir (the run to continue)")
         if self.aux_layers is not None:
             object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
+        if self.train_acc is not None:
+            acc = tuple(float(a) for a in self.train_acc)
+            if not acc or not all(0 <= a <= 1 for a in acc):
+                raise ConfigError(f"--train-acc must be accuracies in [0, 1], one per draft step, got {list(acc)}")
+            object.__setattr__(self, "train_acc", acc)
         self._check_data_options()
 
     def _check_data_options(self):
@@ -130,6 +136,16 @@ def parse_ids(text: str | None) -> tuple[int, ...] | None:
         return tuple(int(p) for p in str(text).strip("[] ").split(",") if p.strip())
     except ValueError as exc:
         raise ConfigError(f"--aux-layers must be comma-separated integers, got {text!r}") from exc
+
+
+def parse_floats(text: str | None, option: str) -> tuple[float, ...] | None:
+    """'0.8,0.7,0.6' -> (0.8, 0.7, 0.6); None or blank -> None."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return tuple(float(p) for p in str(text).strip("[] ").split(",") if p.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{option} must be comma-separated numbers, got {text!r}") from exc
 
 
 def parse_names(text: str | None) -> tuple[str, ...] | None:

@@ -100,3 +100,24 @@ def speedup(unconditional_rates, cost_ratio: float, verify_ratio: float = 1.0) -
     """
     k = len(unconditional_rates)
     return (1.0 + sum(unconditional_rates)) / (k * cost_ratio + verify_ratio)
+
+
+def predicted_by_train_acc(train_acc, num_steps: int) -> dict:
+    """What a head's training accuracy predicts for a chain of num_steps: u_i = prod_{j<=i} acc_j and
+    tau = 1 + sum_{i<=S} u_i (SpecForge's simulated_acc_len + 1), over the positions training covered.
+
+    Positions past the training depth k are not predicted (None): a head is rarely tested there.
+    >>> p = predicted_by_train_acc([0.8, 0.5], 3)
+    >>> [round(u, 2) if u is not None else None for u in p["unconditional_rate"]], round(p["accept_length"], 2)
+    ([0.8, 0.4, None], 2.2)
+    >>> p["positions"]
+    2
+    """
+    k = min(len(train_acc), num_steps)
+    u, prod = [], 1.0
+    for a in train_acc[:k]:
+        prod *= a
+        u.append(prod)
+    return {"conditional_rate": list(train_acc[:k]) + [None] * (num_steps - k),
+            "unconditional_rate": u + [None] * (num_steps - k),
+            "accept_length": 1.0 + sum(u), "positions": k}

@@ -15,7 +15,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from eagle_eval.results.acceptance import AcceptanceCounts
+from eagle_eval.results.acceptance import AcceptanceCounts, predicted_by_train_acc
 from eagle_eval.results.records import SampleRecord
 from eagle_eval.results.tables import render_groups
 
@@ -109,9 +109,31 @@ def provenance(seed: int) -> dict:
             "command": sys.argv}
 
 
+def training_prediction(train_acc: dict, body: dict, num_steps: int) -> dict:
+    """The training accuracy's prediction beside the measured rates, per position and for tau.
+
+    Chains only: a tree's per-depth rates are not a product of per-step accuracies.
+    """
+    pred = predicted_by_train_acc(train_acc["acc"], num_steps)
+    rows = [{"position": p["position"], "train_acc": pred["conditional_rate"][i],
+             "measured_conditional_rate": p["conditional_rate"],
+             "predicted_unconditional_rate": pred["unconditional_rate"][i],
+             "measured_unconditional_rate": p["unconditional_rate"]} for i, p in enumerate(body["per_position"])]
+    k = pred["positions"]
+    measured_k = 1 + sum(r["measured_unconditional_rate"] or 0 for r in rows[:k])
+    return {"source": train_acc["source"], "acc": train_acc["acc"], "positions_predicted": k,
+            "predicted_accept_length": pred["accept_length"], "measured_accept_length_same_positions": measured_k,
+            "measured_accept_length": body["summary"]["accept_length"], "per_position": rows,
+            "definition": "predicted u_i = prod_{j<=i} acc_j, predicted tau = 1 + sum_{i<=k} u_i over the "
+                          f"k = {k} positions that training covered (of num_steps {num_steps}); measured figures "
+                          "are this run's (measured tau over the same positions = 1 + sum_{i<=k} measured u_i)"}
+
+
 def build_report(config, resolved: dict, samples: list[SampleRecord], warnings: list[str],
                  sample_prompt=None) -> dict:
     body = summarize(samples, resolved["num_steps"])
+    if resolved.get("train_acc") and resolved.get("topk", 1) == 1:
+        body["training_prediction"] = training_prediction(resolved["train_acc"], body, resolved["num_steps"])
     return {
         "schema_version": SCHEMA_VERSION,
         "config": {**config.as_dict(), **resolved},
@@ -136,6 +158,22 @@ def write_report(path: Path, report: dict) -> None:
 
 def _fmt(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
+
+
+def render_training_prediction(pred: dict | None) -> list[str]:
+    """The training accuracy's prediction against this run, per position (empty without one)."""
+    if not pred:
+        return []
+    lines = ["", f"training accuracy vs measured  ({pred['source']})",
+             " pos   train acc_i  measured a_i   predicted u_i  measured u_i"]
+    for r in pred["per_position"]:
+        lines.append(f"{r['position']:>4}   {_fmt(r['train_acc']):>11}  {_fmt(r['measured_conditional_rate']):>12}"
+                     f"   {_fmt(r['predicted_unconditional_rate']):>13}  {_fmt(r['measured_unconditional_rate']):>12}")
+    k = pred["positions_predicted"]
+    lines.append(f"accept length predicted by training 1 + sum_(i<={k}) prod acc_j = "
+                 f"{_fmt(pred['predicted_accept_length'])}, measured over the same {k} positions "
+                 f"{_fmt(pred['measured_accept_length_same_positions'])} (tau {_fmt(pred['measured_accept_length'])})")
+    return lines
 
 
 def render_engine_taps(aux: dict) -> list[str]:
@@ -178,6 +216,7 @@ def render_table(report: dict) -> str:
     for p in report["per_position"]:
         lines.append(f" {p['position']:>3}  {p['reached']:>8}  {p['accepted']:>8}   {_fmt(p['conditional_rate']):>11}"
                      f"   {_fmt(p['unconditional_rate']):>13}")
+    lines += render_training_prediction(report.get("training_prediction"))
     lines.append("")
     lines.append("histogram H[n] (cycles accepting exactly n drafts): " +
                  "  ".join(f"{n}:{h}" for n, h in enumerate(report["histogram"])))
@@ -197,11 +236,20 @@ def render_steps_table(profile_report: dict) -> str:
     lines = [f"aux layers HF {aux['hf']} = SGLang ids {aux['sglang']} = vLLM ids {aux['vllm']}; "
              f"embedding {profile_report['config']['embedding']}",
              " S    cycles    tau    " + "  ".join(f"u_{i:<3}" for i in range(1, k + 1))]
+    trained = "training_prediction" in sections[0][1]
+    if trained:
+        lines[-1] += "   train-acc tau (same positions)"
     for s, sec in sections:
         u = [p["unconditional_rate"] for p in sec["per_position"]]
+        pred = sec.get("training_prediction")
         lines.append(f"{s:>2}  {sec['summary']['cycles']:>8}  {_fmt(sec['summary']['accept_length'])}  "
-                     + "  ".join(_fmt(x) for x in u))
+                     + "  ".join(_fmt(x) for x in u) + " " * 7 * (k - len(u))
+                     + (f"   {_fmt(pred['predicted_accept_length'])} ({_fmt(pred['measured_accept_length_same_positions'])}"
+                        f" measured over {pred['positions_predicted']})" if pred else ""))
     lines.append("tau = mean (accepted + 1) per cycle; u_i = P(>= i drafts accepted)")
+    if trained:
+        lines.append(f"train-acc tau = 1 + sum_(i<=k) prod_(j<=i) acc_j over the positions training covered "
+                     f"(acc from {sections[0][1]['training_prediction']['source']})")
     numeric = profile_report.get("numeric_divergences", [])
     if numeric:
         lines.append(f"note: {len(numeric)} generated continuation(s) differ from the teacher-forced argmax "
