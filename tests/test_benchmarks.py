@@ -16,3 +16,33 @@ def test_gpu_benchmark_profile_section_runs_tiny_and_agrees(tmp_path):
     assert prof["cycles_in_common_prefix"] == prof["cycles_equal_in_common_prefix"] > 0
     assert prof["tokens_part_at_by_num_steps"] == [12] * 16        # 8 S x 2 prompts, never part
     assert prof["own_generation_numeric_divergences"] == 0
+
+
+def test_deepseek_benchmark_shapes_run_tiny_and_the_loop_is_lossless():
+    """The DeepSeek-V3 benchmark's target (MLA + MoE, first layer dense) and head, tiny, in fp32: the
+    reference loop's output equals plain greedy decoding, and the profile equals the loop."""
+    import torch
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from bench_deepseek import build, make_oracle
+
+    from eagle_eval.spec.chain import speculative_decode
+    from eagle_eval.spec.greedy import plain_greedy
+    from eagle_eval.spec.profile import greedy_continuations, profile_batch, simulate_cycles
+
+    model, head = build(tiny=True, layers=4, device="cpu", dtype=torch.float32)
+    assert type(model).__name__ == "DeepseekV3ForCausalLM" and model.config.n_routed_experts == 8
+    oracle = make_oracle(model, head, 3, 12)
+    spec = oracle.speculator
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(10, 512, (9,), generator=g).tolist() for _ in range(2)]
+    for p in prompts:
+        out = speculative_decode(spec, p, 3, 12, set())
+        assert out.output_ids == plain_greedy(spec.target, p, 12, set())
+    conts = greedy_continuations(spec, prompts, 12 + 3, 0, 1 << 30)
+    items = [(type("P", (), {"id": str(i), "category": "", "input_ids": p})(), c)
+             for i, (p, c) in enumerate(zip(prompts, conts))]
+    for (p, _), res in zip(items, profile_batch(spec, items, 3, 12, 0)):
+        loop = speculative_decode(spec, p.input_ids, 3, 12, set())
+        sim = simulate_cycles(res.run_lengths, res.continuation, 3, 12, set())
+        assert sim.accepted_per_cycle == loop.accepted_per_cycle
