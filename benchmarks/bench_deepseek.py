@@ -64,8 +64,13 @@ def build(tiny: bool, layers: int, device: str, dtype):
     cfg = DeepseekV3Config(**widths, num_hidden_layers=layers, first_k_dense_replace=1, max_position_embeddings=8192,
                            rope_theta=10000.0, tie_word_embeddings=False)
     torch.manual_seed(0)
-    with torch.device(device):
-        model = DeepseekV3ForCausalLM(cfg).to(dtype).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)              # built in bf16 directly: 35B fp32 parameters do not fit
+    try:
+        with torch.device(device):
+            model = DeepseekV3ForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
     h = HEAD["tiny" if tiny else "full"]
     hcfg = HeadConfig(hidden_size=widths["hidden_size"], num_attention_heads=h["heads"], num_key_value_heads=h["kv"],
                       head_dim=h["head_dim"], intermediate_size=h["inter"], vocab_size=widths["vocab_size"],
