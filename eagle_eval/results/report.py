@@ -6,12 +6,9 @@ its definition (EAGLE3.md section 5). Nothing here touches a model.
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -147,13 +144,9 @@ def build_report(config, resolved: dict, samples: list[SampleRecord], warnings: 
 
 
 def write_report(path: Path, report: dict) -> None:
-    """Write atomically: a crash never leaves half a report."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write atomically: a crash never leaves half a report (results/run_folder.py)."""
+    from eagle_eval.results.run_folder import write_json_atomic
+    write_json_atomic(path, report)
 
 
 def _fmt(x, spec=".3f"):
