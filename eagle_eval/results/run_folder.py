@@ -199,7 +199,7 @@ def _foreign(folder: Path, owner: dict | None) -> list[str]:
 
 
 def _check(folder: Path, command: str, config: dict, inputs: dict, resume: bool, overwrite: bool,
-           ignore: tuple) -> dict | None:
+           ignore: tuple, locked: bool = False) -> dict | None:
     """Refuse what this run may not do to the folder; returns its owner (None: new or to be replaced)."""
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"--output-dir {folder}: is a file, not a folder")
@@ -207,6 +207,8 @@ def _check(folder: Path, command: str, config: dict, inputs: dict, resume: bool,
         if resume:
             raise RunFolderError(f"--resume: {folder} does not exist (nothing to resume)")
         return None
+    if not locked:
+        _refuse_if_busy(folder)
     owner = _read_owner(folder) if not overwrite else None
     foreign = _foreign(folder, owner if not overwrite else _safe_owner(folder))
     if foreign:
@@ -239,6 +241,25 @@ def _safe_owner(folder: Path) -> dict | None:
         return None
 
 
+def _busy_error(folder: Path) -> RunFolderError:
+    return RunFolderError(f"--output-dir {folder}: another eagle-eval is writing there right now "
+                          f"({folder / LOCK_FILE} is locked); wait for it or choose another --output-dir")
+
+
+def _refuse_if_busy(folder: Path) -> None:
+    """A live writer holds the lock: say so (opening the lock file changes no byte of the folder)."""
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _busy_error(folder) from None
+    finally:
+        os.close(fd)                         # closing releases a lock taken here
+
+
 def _lock(folder: Path) -> int:
     lock_file = folder / LOCK_FILE
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, _file_mode())
@@ -246,8 +267,7 @@ def _lock(folder: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunFolderError(f"--output-dir {folder}: another eagle-eval is writing there right now "
-                             f"({lock_file} is locked); wait for it or choose another --output-dir") from None
+        raise _busy_error(folder) from None
     return fd
 
 
@@ -279,7 +299,7 @@ def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[s
         raise RunFolderError(f"--output-dir {folder}: cannot be created ({exc.strerror or exc})") from exc
     fd = _lock(folder)
     try:
-        owner = _check(folder, command, config, given, resume, overwrite, ignore)   # again, under the lock
+        owner = _check(folder, command, config, given, resume, overwrite, ignore, locked=True)   # again, locked
         if owner is None:
             _clear(folder, _safe_owner(folder))
             owner = {"schema_version": 1, "command": command, "status": "running",
