@@ -44,7 +44,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
             raise ConfigError(f"--vary {text!r}: expected FIELD=VALUE (e.g. aux_layers=0,3,6 or dtype=bf16)")
         key, value = (s.strip() for s in part.split("=", 1))
         key = key.replace("-", "_")
-        if key not in types or key in ("output_dir", "resume", "prompts", "target", "draft", "seed"):
+        if key not in types or key in ("output_dir", "resume", "overwrite", "prompts", "target", "draft", "seed"):
             raise ConfigError(f"--vary {key!r}: not an ablation axis; use a field of `run` such as "
                               "aux_layers, aux_convention, dtype, max_new_tokens, draft_embedding, position_offset")
         overrides[key] = _parse_value(key, types[key], value)

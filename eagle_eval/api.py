@@ -20,8 +20,8 @@ from eagle_eval.config import ConfigError, RunConfig
 from eagle_eval.models.capture import engine_taps, resolve_aux_layers
 from eagle_eval.models.head_io import load_head
 from eagle_eval.results.plot import plot_ablation
-from eagle_eval.results.records import Prompt, SampleRecord, append_jsonl, read_jsonl
-from eagle_eval.results.report import build_report, write_report
+from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
+from eagle_eval.results.report import build_report
 from eagle_eval.results.tables import write_csv, write_rows_csv
 from eagle_eval.spec.chain import Speculator, speculative_decode
 from eagle_eval.spec.greedy import first_divergence, plain_greedy
@@ -68,8 +68,18 @@ class Oracle:
     resolved: dict
     warnings: list[str] = field(default_factory=list)
 
+    def limits(self, extra: int | None = None) -> tuple[int, int | None, int]:
+        """(vocab size, max positions, positions a decode adds past the prompt) for check_prompts."""
+        info, cfg = self.speculator.target.info, self.config
+        verify = max(cfg.num_steps, self.resolved["num_draft_tokens"])     # positions one verify adds
+        return info.vocab_size, info.max_positions, cfg.max_new_tokens + verify + 1 if extra is None else extra
+
     def decode(self, prompt: Prompt, check_lossless: bool | None = None) -> SampleRecord:
+        from eagle_eval.workload.data import check_length
+
         cfg = self.config
+        _, max_positions, extra = self.limits()
+        check_length(prompt, max_positions, extra, "the workload")
         d = speculative_decode(self.speculator, prompt.input_ids, cfg.num_steps, cfg.max_new_tokens,
                                self.eos_ids, cfg.topk, self.resolved["num_draft_tokens"])
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
@@ -200,52 +210,86 @@ class RunResult:
     samples: list[SampleRecord]
 
 
-def _check_resume(out: Path, config: RunConfig) -> None:
-    saved_file = out / "run_config.json"
-    if not saved_file.is_file():
-        raise ConfigError(f"--resume: {saved_file} does not exist (nothing to resume)")
-    saved = json.loads(saved_file.read_text())
-    now = config.as_dict()
-    diff = {k: (saved.get(k), now[k]) for k in now
-            if k not in RunConfig.RESUMABLE and saved.get(k) != now[k]}
-    if diff:
-        lines = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-        raise ConfigError(f"--resume: the configuration differs from {saved_file} ({lines})")
+def checked_workload(config: RunConfig, oracle: Oracle, extra: int | None = None):
+    """load_workload, then refuse prompts the target cannot take (token ids outside its vocabulary,
+    more positions than max_position_embeddings with `extra` more; default: a decode's)."""
+    from eagle_eval.workload.data import check_prompts
+
+    workload = load_workload(config, oracle.tokenizer)
+    check_prompts(workload.first_prompts, oracle.limits(extra), workload.resolved["dataset_source"]["path"])
+    return workload
+
+
+def _open_folder(command: str, config: RunConfig, settings: dict, inputs: dict, resume: bool = False):
+    """The output folder for `command`, owned by this run (results/run_folder.py), or None."""
+    from eagle_eval.results.run_folder import open_run_folder
+
+    if not config.output_dir:
+        return None
+    return open_run_folder(config.output_dir, command, settings, inputs, resume=resume,
+                           overwrite=config.overwrite, ignore=RunConfig.RESUMABLE)
+
+
+def _resumed_rows(folder, workload) -> list[SampleRecord]:
+    """Finished rows of an interrupted run (a last line cut short is dropped); rows naming prompts the
+    workload does not hold are refused."""
+    from eagle_eval.results.run_folder import RunFolderError
+
+    file = folder.file("samples.jsonl")
+    if not file.is_file():
+        return []
+    try:
+        done = [SampleRecord.from_json(r) for r in read_jsonl(file)]
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"--resume: {file}: not readable as sample rows ({exc}); pass --overwrite to "
+                             "start afresh") from exc
+    known = {f"{q.id}" for q in workload.questions} | {p.id for p in workload.first_prompts}
+    stray = [s.id for s in done if s.id not in known and s.id.rsplit("/turn", 1)[0] not in known]
+    if stray:
+        raise RunFolderError(f"--resume: {file}: row id {stray[0]!r} is not a prompt of this workload")
+    folder.write_text("samples.jsonl", "".join(json.dumps(s.to_json()) + "\n" for s in done))
+    return done
+
+
+def _workload_digests(prompts: list[Prompt]) -> dict[str, str]:
+    from eagle_eval.results.run_folder import fingerprint_value
+    return {p.id: fingerprint_value(p.input_ids) for p in prompts}
 
 
 def evaluate(config: RunConfig, progress: bool = True) -> RunResult:
     """Run the reference loop over the prompts; with output_dir, write samples.jsonl as it goes."""
+    torch.manual_seed(config.seed)
+    folder = _open_folder("run", config, config.as_dict(), config.input_paths(), resume=config.resume)
+    try:
+        return _evaluate(config, folder, progress)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _evaluate(config: RunConfig, folder, progress: bool) -> RunResult:
     from tqdm import tqdm
 
-    torch.manual_seed(config.seed)
-    out = Path(config.output_dir) if config.output_dir else None
-    done: list[SampleRecord] = []
-    if out is not None:
-        samples_file = out / "samples.jsonl"
-        if config.resume:
-            _check_resume(out, config)
-            if samples_file.is_file():
-                done = [SampleRecord.from_json(r) for r in read_jsonl(samples_file)]
-                samples_file.write_text("".join(json.dumps(s.to_json()) + "\n" for s in done))
-        elif samples_file.is_file() and samples_file.stat().st_size:
-            raise ConfigError(f"{samples_file} already holds results: pass --resume to continue that run, "
-                              "or choose another --output-dir")
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "run_config.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n")
     oracle = load_oracle(config)
-    workload = load_workload(config, oracle.tokenizer)
+    workload = checked_workload(config, oracle)
+    done = []
+    if folder is not None:
+        folder.record_workload(_workload_digests(workload.first_prompts), config.resume)
+        done = _resumed_rows(folder, workload) if config.resume else []
     finished = {s.id: s for s in done}
     samples = list(done)
     for rec in tqdm(run_turns(workload, oracle.decode, finished), total=workload.pending(finished),
                     desc="prompts", unit="prompt", disable=not progress):
         samples.append(rec)
-        if out is not None:
-            append_jsonl(out / "samples.jsonl", rec.to_json())
+        if folder is not None:
+            folder.append_row("samples.jsonl", rec.to_json())
     report = build_report(config, {**oracle.resolved, **workload.resolved}, samples,
                           oracle.warnings + workload.warnings, sample_prompt=workload.sample_prompt)
-    if out is not None:
-        write_report(out / "report.json", report)
-        write_csv(out / "acceptance.csv", [(None, report)])
+    if folder is not None:
+        folder.write_json("report.json", report)
+        write_csv(folder.file("acceptance.csv"), [(None, report)])
+        folder.note("acceptance.csv")
+        folder.finish()
     return RunResult(report=report, samples=samples)
 
 
@@ -256,7 +300,7 @@ class ProfileResult:
     oracle: Oracle | None = None
 
 
-def _read_responses(path: str, prompts: list[Prompt], tokenizer) -> list[list[int]]:
+def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int) -> list[list[int]]:
     """Continuations from a JSONL file (`output_ids` or `text` per row), matched by `id` or by order."""
     from eagle_eval.workload.data import DataError
 
@@ -268,32 +312,49 @@ def _read_responses(path: str, prompts: list[Prompt], tokenizer) -> list[list[in
         if row is None:
             raise DataError(f"{path}: no response for prompt id {p.id!r}")
         if "output_ids" in row:
-            out.append([int(t) for t in row["output_ids"]])
-        elif "text" in row:
+            ids = row["output_ids"]
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise DataError(f"{path}: response for {p.id!r}: key 'output_ids' must be a list of integers")
+            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise DataError(f"{path}: response for {p.id!r}: key 'output_ids' holds token id {bad}, outside "
+                                f"the target's vocabulary 0..{vocab_size - 1}")
+            out.append(ids)
+        elif isinstance(row.get("text"), str):
             out.append(tokenizer(row["text"], add_special_tokens=False)["input_ids"])
         else:
-            raise DataError(f"{path}: response for {p.id!r} has neither 'output_ids' nor 'text'")
+            raise DataError(f"{path}: response for {p.id!r} has neither 'output_ids' (a list) nor 'text' (a string)")
     return out
 
 
 def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> ProfileResult:
     """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps."""
+    cfg = pcfg.run
+    torch.manual_seed(cfg.seed)
+    folder = _open_folder("profile", cfg, pcfg.as_dict(), {**cfg.input_paths(), "responses": pcfg.responses})
+    try:
+        return _profile(pcfg, folder, progress, oracle)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResult:
     from tqdm import tqdm
 
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
     from eagle_eval.spec import profile as prof
     from eagle_eval.spec.tree import pool_size
-
     cfg, k_max = pcfg.run, pcfg.max_steps
-    torch.manual_seed(cfg.seed)
     oracle = oracle or load_oracle(cfg)
     spec, tok = oracle.speculator, oracle.tokenizer
-    workload = load_workload(cfg, tok)            # the same datasets, templates and filters as `run`
-    prompts = workload.first_prompts              # the profile covers first turns only
     need = cfg.max_new_tokens + k_max
+    workload = checked_workload(cfg, oracle, need + 1)   # the same datasets, templates and filters as `run`
+    prompts = workload.first_prompts              # the profile covers first turns only
+    vocab = oracle.limits()[0]
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
     if pcfg.responses:
-        conts = _extend(spec, prompts, [c[:need] for c in _read_responses(pcfg.responses, prompts, tok)],
+        conts = _extend(spec, prompts, [c[:need] for c in _read_responses(pcfg.responses, prompts, tok, vocab)],
                         need, pad, pcfg.batch_tokens)
     else:
         conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, pcfg.batch_tokens)
@@ -363,12 +424,11 @@ def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> Profil
               "numeric_divergences": numeric,
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings, "provenance": provenance(cfg.seed)}
-    if cfg.output_dir:
-        from eagle_eval.results.report import write_report
-        out = Path(cfg.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "samples.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in samples))
-        write_report(out / "profile.json", report)
+    if folder is not None:
+        folder.record_workload(_workload_digests(prompts), resume=False)
+        folder.write_text("samples.jsonl", "".join(json.dumps(r.to_json()) + "\n" for r in samples))
+        folder.write_json("profile.json", report)
+        folder.finish()
     return ProfileResult(report=report, samples=samples, oracle=oracle)
 
 
@@ -403,13 +463,40 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
     """Profile the base config and each `--vary` variant (for each topk of the grid, with every
     num_draft_tokens of the grid from one tree expansion); tabulate tau and modelled speedup per
     (num_steps, topk, num_draft_tokens). server_ms = (draft step ms, target step ms) from a server."""
+    settings = {**base.as_dict(), "vary": list(variants), "cost_ratio": cost_ratio,
+                "server_ms": list(server_ms) if server_ms else None,
+                "topk_grid": list(topk_grid or []), "draft_tokens_grid": list(draft_tokens_grid or [])}
+    folder = _open_folder("ablate", base.run, settings, {**base.run.input_paths(), "responses": base.responses})
+    try:
+        result = _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_tokens_grid)
+        if folder is not None:
+            _write_ablation(folder, result)
+        return result
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _write_ablation(folder, result: dict) -> None:
+    folder.note("ablation.csv")
+    write_rows_csv(folder.file("ablation.csv"), result["rows"])
+    try:
+        folder.note("ablation.png")
+        plot_ablation(folder.file("ablation.png"), result["rows"])
+    except ConfigError as exc:          # matplotlib is an optional extra
+        result["warnings"] = [f"ablation.png not written: {exc}"]
+    folder.write_json("ablation.json", result)
+    folder.finish()
+
+
+def _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_tokens_grid) -> dict:
     from dataclasses import replace as _replace
 
     from eagle_eval import ablate as abl
-    from eagle_eval.results.report import provenance, write_report
+    from eagle_eval.results.report import provenance
     from eagle_eval.spec.tree import pool_size
 
-    run = _replace(base.run, output_dir=None, resume=False)
+    run = _replace(base.run, output_dir=None, resume=False, overwrite=False)
     named = [("base", {})] + [abl.parse_variant(v) for v in variants]
     topks = list(topk_grid or [run.topk])
     grid = tuple(draft_tokens_grid or ())
@@ -453,14 +540,4 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
                                "r = T_verify(S+1 tokens, or num_draft_tokens for a tree) / T_target(1 token)",
               "best": {k: overall[k] for k in ("variant", "num_steps", "topk", "num_draft_tokens", "speedup_model")},
               "variants": sections, "rows": rows, "provenance": provenance(run.seed)}
-    if base.run.output_dir:
-        out = Path(base.run.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        write_report(out / "ablation.json", result)
-        write_rows_csv(out / "ablation.csv", rows)
-        try:
-            plot_ablation(out / "ablation.png", rows)
-        except ConfigError as exc:          # matplotlib is an optional extra
-            result["warnings"] = [f"ablation.png not written: {exc}"]
-            write_report(out / "ablation.json", result)
     return result

@@ -50,6 +50,8 @@ def model_options(f):
         click.option("--device-map", default="auto", show_default=True, help="auto | cpu | cuda:N"),
         click.option("--max-memory", default=None, help="Per device, e.g. 0=70GiB,1=70GiB,cpu=100GiB"),
         click.option("--trust-remote-code", is_flag=True, default=False),
+        click.option("--overwrite", is_flag=True, default=False,
+                     help="Replace the results already in --output-dir (their files are removed first)."),
         click.option("--limit", type=int, default=None,
                      help="Evaluate the first N questions only (after --categories and --shuffle-seed)."),
         click.option("--position-offset", type=click.IntRange(0, 1), default=0, show_default=True,
@@ -89,12 +91,59 @@ def build_config(**kw) -> RunConfig:
     kw["aux_layers"] = parse_ids(kw.get("aux_layers"))
     kw["categories"] = parse_names(kw.get("categories"))
     kw["train_acc"] = parse_floats(kw.get("train_acc"), "--train-acc")
+    _refuse_explicit_with_eagle(kw)
     return RunConfig(**kw)
 
 
-def fail(message: str) -> None:
+def _refuse_explicit_with_eagle(kw: dict) -> None:
+    """--eagle-* set num_steps/topk/num_draft_tokens: the same flags given by hand are a conflict
+    (RunConfig can only see values that differ from the defaults)."""
+    from click.core import ParameterSource
+
+    from eagle_eval.config import ConfigError
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or all(kw.get(k) is None for k in ("eagle_depth", "eagle_top_k", "eagle_total_token")):
+        return
+    given = [f"--{k.replace('_', '-')}" for k in ("num_steps", "topk", "num_draft_tokens")
+             if k in ctx.params and ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE]
+    if given:
+        raise ConfigError(f"{', '.join(given)} conflict with --eagle-depth/--eagle-top-k/--eagle-total-token "
+                          "(num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token): give one set")
+
+
+def fail(message: str, exc: BaseException | None = None) -> None:
+    ctx = click.get_current_context(silent=True)
+    if exc is not None and ctx is not None and (ctx.find_root().obj or {}).get("debug"):
+        import traceback
+        traceback.print_exception(exc)
     click.echo(f"eagle-eval: error: {message}", err=True)
     sys.exit(2)
+
+
+def call(fn, *args, interrupted: str | None = None, **kw):
+    """fn(*args, **kw) -> (result, warnings caught): bad input is one line and exit 2 (`--debug`: with
+    the traceback); Ctrl-C says what was kept (`interrupted`) and exits 130."""
+    import warnings
+
+    from eagle_eval.errors import USER_ERRORS
+
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            return fn(*args, **kw), list(caught)
+        except USER_ERRORS as exc:
+            fail(str(exc), exc)
+        except KeyboardInterrupt:
+            click.echo(f"\neagle-eval: interrupted{'; ' + interrupted if interrupted else ''}", err=True)
+            sys.exit(130)
+
+
+def echo(text: str, caught: list) -> None:
+    """Print the command's output, then the Python warnings it does not already say."""
+    click.echo(text)
+    for w in caught:
+        if str(w.message) not in text:
+            click.echo(f"eagle-eval: warning: {w.message}", err=True)
 
 
 def run_check(kw: dict, config_cls, run, render, report_name: str) -> None:
@@ -102,22 +151,26 @@ def run_check(kw: dict, config_cls, run, render, report_name: str) -> None:
     print its report and exit with its status (bad input: one line, exit 2)."""
     from dataclasses import fields
 
-    from eagle_eval.errors import USER_ERRORS
-
     own = {f.name: kw.pop(f.name) for f in fields(config_cls)}
-    try:
-        result = run(build_config(**kw), config_cls(**own), progress=True)
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    click.echo(render(result.report))
+    result, caught = call(lambda: run(build_config(**kw), config_cls(**own), progress=True),
+                          interrupted=_unfinished(own["output_dir"]))
+    echo(render(result.report), caught)
     if own["output_dir"]:
         click.echo(f"\nwrote {own['output_dir']}/{report_name}")
     sys.exit(result.exit_status)
 
 
+def _unfinished(output_dir: str | None) -> str | None:
+    return (f"{output_dir} holds an unfinished run: run the same command with --overwrite to start it again"
+            if output_dir else None)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main():
+@click.option("--debug", is_flag=True, default=False, help="On bad input, also print the traceback.")
+@click.pass_context
+def main(ctx, debug):
     """Ground-truth acceptance for EAGLE-3 draft heads (reference greedy loop in pure PyTorch)."""
+    ctx.obj = {"debug": debug}
 
 
 @main.command()
@@ -129,19 +182,18 @@ def main():
 def run(**kw):
     """Evaluate a head on a prompt set and print the per-position report."""
     from eagle_eval import api
-    from eagle_eval.errors import USER_ERRORS
     from eagle_eval.results.report import render_table
 
-    try:
-        config = build_config(**kw)
-        result = api.evaluate(config)
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    click.echo(render_table(result.report))
+    config, _ = call(build_config, **kw)
+    resume = (f"the finished prompts are in {config.output_dir}/samples.jsonl: run the same command with "
+              "--resume to continue") if config.output_dir else None
+    result, caught = call(api.evaluate, config, interrupted=resume)
+    text = render_table(result.report)
     if result.report["config"].get("sanity"):           # issue 5: load-time checks
         from eagle_eval.results.findings import Finding, render_findings
-        click.echo("\nload-time checks\n" + render_findings(
-            [Finding.from_dict(f) for f in result.report["config"]["sanity"]], only_problems=True))
+        text += "\n\nload-time checks\n" + render_findings(
+            [Finding.from_dict(f) for f in result.report["config"]["sanity"]], only_problems=True)
+    echo(text, caught)
     if config.output_dir:
         click.echo(f"\nwrote {config.output_dir}/report.json and {config.output_dir}/samples.jsonl")
     if result.report["summary"]["lossless"] is False:
@@ -203,14 +255,11 @@ def build_profile_config(max_steps, responses, batch_tokens, **kw):
 def profile_command(**kw):
     """Exact acceptance for every num_steps <= --max-steps from one teacher-forced pass."""
     from eagle_eval import api
-    from eagle_eval.errors import USER_ERRORS
     from eagle_eval.results.report import render_steps_table
 
-    try:
-        result = api.profile(build_profile_config(**kw))
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    click.echo(render_steps_table(result.report))
+    pcfg, _ = call(build_profile_config, **kw)
+    result, caught = call(api.profile, pcfg, interrupted=_unfinished(kw["output_dir"]))
+    echo(render_steps_table(result.report), caught)
     if kw["output_dir"]:
         click.echo(f"\nwrote {kw['output_dir']}/profile.json and {kw['output_dir']}/samples.jsonl")
 
@@ -231,18 +280,16 @@ def profile_command(**kw):
 def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, topk_grid, draft_tokens_grid, **kw):
     """Tau, per-position rates and modelled speedup over num_steps and other axes."""
     from eagle_eval import api
-    from eagle_eval.errors import USER_ERRORS
     from eagle_eval.results.report import render_ablation
 
     if (server_draft_ms is None) != (server_target_ms is None):
         fail("--server-draft-ms and --server-target-ms go together")
     server = (server_draft_ms, server_target_ms) if server_draft_ms is not None else None
-    try:
-        result = api.ablate(build_profile_config(**kw), list(vary), cost_ratio, server,
-                            topk_grid=parse_ids(topk_grid), draft_tokens_grid=parse_ids(draft_tokens_grid))
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    click.echo(render_ablation(result))
+    pcfg, _ = call(build_profile_config, **kw)
+    result, caught = call(lambda: api.ablate(pcfg, list(vary), cost_ratio, server, topk_grid=parse_ids(topk_grid),
+                                             draft_tokens_grid=parse_ids(draft_tokens_grid)),
+                          interrupted=_unfinished(kw["output_dir"]))
+    echo(render_ablation(result), caught)
     if kw["output_dir"]:
         click.echo(f"\nwrote ablation.json, ablation.csv and ablation.png to {kw['output_dir']}")
 

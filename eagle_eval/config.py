@@ -51,6 +51,7 @@ class RunConfig:
     seed: int = 0
     output_dir: str | None = None
     resume: bool = False
+    overwrite: bool = False                  # replace the run already in output_dir (its files go first)
     dataset: str | None = None               # benchmark file or save_to_disk folder; replaces `prompts`
     dataset_format: str | None = None        # None = detected from the columns (echoed in the report)
     categories: tuple[str, ...] | None = None
@@ -80,6 +81,13 @@ class RunConfig:
         if any(v is not None for v in eagle):
             if any(v is None for v in eagle):
                 raise ConfigError("--eagle-depth, --eagle-top-k and --eagle-total-token go together")
+            explicit = {"--num-steps": (self.num_steps, 5, self.eagle_depth + 1),
+                        "--topk": (self.topk, 1, self.eagle_top_k),
+                        "--num-draft-tokens": (self.num_draft_tokens, None, self.eagle_total_token)}
+            clash = [f"{k} {v}" for k, (v, default, eagle_v) in explicit.items() if v not in (default, eagle_v)]
+            if clash:
+                raise ConfigError(f"{', '.join(clash)} conflict with --eagle-depth/--eagle-top-k/--eagle-total-token "
+                                  "(num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token): give one set")
             object.__setattr__(self, "num_steps", self.eagle_depth + 1)
             object.__setattr__(self, "topk", self.eagle_top_k)
             object.__setattr__(self, "num_draft_tokens", self.eagle_total_token)
@@ -87,6 +95,8 @@ class RunConfig:
             raise ConfigError(f"--position-offset must be 0 or 1, got {self.position_offset}")
         if self.resume and not self.output_dir:
             raise ConfigError("--resume needs --output-dir (the run to continue)")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
         if self.aux_layers is not None:
             object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
         if self.train_acc is not None:
@@ -125,7 +135,13 @@ class RunConfig:
         return [f.name for f in fields(cls)]
 
     # settings that do not change what is measured; a resumed run may differ in these
-    RESUMABLE = ("output_dir", "resume", "limit", "check_lossless")
+    RESUMABLE = ("output_dir", "resume", "overwrite", "limit", "check_lossless")
+    # fields naming files or folders that are read: an output folder records their contents, not their spelling
+    INPUT_PATHS = ("target", "draft", "prompts", "dataset", "chat_template")
+
+    def input_paths(self) -> dict[str, str | None]:
+        """{field: path} of every input read (--prompts only when no --dataset replaces it)."""
+        return {k: (None if k == "prompts" and self.dataset else getattr(self, k)) for k in self.INPUT_PATHS}
 
 
 def parse_ids(text: str | None) -> tuple[int, ...] | None:

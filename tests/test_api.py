@@ -8,6 +8,7 @@ from fixtures import make_head
 
 from eagle_eval import api
 from eagle_eval.config import ConfigError, RunConfig
+from eagle_eval.errors import UserError
 from eagle_eval.models.target import TargetError
 from eagle_eval.results.records import read_jsonl
 from eagle_eval.workload.data import DataError
@@ -92,9 +93,9 @@ def test_interrupted_run_keeps_rows_and_resumes(tiny, tmp_path, monkeypatch):
     assert [r["id"] for r in read_jsonl(out / "samples.jsonl")] == ["p0", "p1"]
     assert not (out / "report.json").exists()
 
-    with pytest.raises(ConfigError, match="--resume"):          # refuses to mix runs silently
+    with pytest.raises(UserError, match="--resume"):          # refuses to mix runs silently
         api.evaluate(_cfg(tiny, output_dir=str(out)), progress=False)
-    with pytest.raises(ConfigError, match="num_steps: 5 -> 3"):
+    with pytest.raises(UserError, match="num_steps: 5 -> 3"):
         api.evaluate(_cfg(tiny, output_dir=str(out), resume=True, num_steps=3), progress=False)
 
     monkeypatch.setattr(api.Oracle, "decode", real)

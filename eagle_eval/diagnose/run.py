@@ -197,13 +197,22 @@ def _profile_config(run, prompts, conts, tmp: Path):
 
 
 def diagnose(run, dcfg: DiagnoseConfig, progress: bool = False) -> Diagnosis:
-    """Every check of issue 5 on one loaded target + head (see the module docstring)."""
+    """Every check of issue 5 on one loaded target + head (see the module docstring); --output-dir is
+    owned by this run (results/run_folder.py)."""
+    from eagle_eval.results.run_folder import open_output
+
+    inputs = {**run.input_paths(), "train_dump": dcfg.train_dump}
+    with open_output(dcfg.output_dir, "diagnose", {**run.as_dict(), **dcfg.__dict__}, inputs,
+                     overwrite=run.overwrite) as folder:
+        return _diagnose(run, dcfg, folder, progress)
+
+
+def _diagnose(run, dcfg: DiagnoseConfig, folder, progress: bool) -> Diagnosis:
     from eagle_eval import api
     from eagle_eval.diagnose import aux_sweep
     from eagle_eval.diagnose.fingerprint import fingerprint
     from eagle_eval.models import sanity
-    from eagle_eval.results.report import provenance, write_report
-    from eagle_eval.workload.conversations import load_workload
+    from eagle_eval.results.report import provenance
 
     run = replace(run, output_dir=None, resume=False, check_lossless=False,
                   limit=run.limit if run.limit is not None else dcfg.prompt_budget)
@@ -213,7 +222,7 @@ def diagnose(run, dcfg: DiagnoseConfig, progress: bool = False) -> Diagnosis:
     findings = [Finding.from_dict(f) for f in oracle.resolved.get("sanity", [])]
     report: dict = {"schema_version": 1, "configured_aux_layers": _layers(configured)}
     match = _read_dump(oracle, dcfg)
-    prompts = load_workload(run, oracle.tokenizer).first_prompts
+    prompts = api.checked_workload(run, oracle).first_prompts
     conts = _continuations(oracle, prompts, run.max_new_tokens + run.num_steps)
     findings.append(sanity.coverage_finding(head.t2d, [c[:run.max_new_tokens] for c in conts]))
     extra, dump_hf, recommended = [], None, list(configured)
@@ -245,9 +254,9 @@ def diagnose(run, dcfg: DiagnoseConfig, progress: bool = False) -> Diagnosis:
     report.update({"findings": [f.as_dict() for f in findings], "recommended_aux_layers": _layers(recommended),
                    "exit_status": exit_status(findings), "config": {**run.as_dict(), **dcfg.__dict__},
                    "resolved": oracle.resolved, "provenance": provenance(run.seed)})
-    if dcfg.output_dir:
-        Path(dcfg.output_dir).mkdir(parents=True, exist_ok=True)
-        write_report(Path(dcfg.output_dir) / "diagnosis.json", report)
+    if folder is not None:
+        folder.write_json("diagnosis.json", report)
+        folder.finish()
     return Diagnosis(report=report, findings=findings)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.errors import UserError
+from eagle_eval.models.files import check_safetensors, read_json_file, said_by
 from eagle_eval.models.heads import Eagle3Head, HeadConfig
 
 SPECFORGE, EAGLE, SPECULATORS = "specforge", "eagle", "speculators"
@@ -119,7 +120,11 @@ def _weights_file(path: Path, dialect: str) -> Path:
 def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
     if file.suffix == ".safetensors":
         from safetensors.torch import load_file
-        return load_file(str(file))
+        check_safetensors(file, CheckpointError)
+        try:
+            return load_file(str(file))
+        except Exception as exc:  # safetensors' own errors: re-said naming the file
+            raise said_by(f"{file}: cannot be read as safetensors", exc, CheckpointError) from exc
     try:
         return torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as exc:  # a pickle that is not plain tensors
@@ -140,19 +145,22 @@ def load_head(path: str | Path) -> LoadedHead:
         raise CheckpointError(f"{path}: draft checkpoint folder does not exist (local paths only)")
     if not config_file.is_file():
         raise CheckpointError(f"{config_file}: missing (an EAGLE-3 head folder needs config.json)")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_file}: not valid JSON ({exc})") from exc
+    config = read_json_file(config_file, CheckpointError, "the head's config (a JSON object)")
     dialect = detect_dialect(config, config_file)
-    cfg = head_config_from_json(config, dialect, config_file)
+    try:
+        cfg = head_config_from_json(config, dialect, config_file)
+    except (TypeError, ZeroDivisionError, AttributeError) as exc:   # e.g. a size given as a string
+        raise said_by(f"{config_file}: a size or setting has the wrong type", exc, CheckpointError) from exc
     file = _weights_file(path, dialect)
     tensors = _read_tensors(file)
 
     with_embedding = "embed_tokens.weight" in tensors
     if "fc.bias" in tensors:
         cfg = HeadConfig(**{**cfg.__dict__, "fc_bias": True})
-    head = Eagle3Head(cfg, with_embedding=with_embedding)
+    try:
+        head = Eagle3Head(cfg, with_embedding=with_embedding)
+    except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:
+        raise said_by(f"{config_file}: a size or setting has the wrong type or value", exc, CheckpointError) from exc
     expected = head.state_dict()
     names = key_map(dialect, expected)
     consumed = set()
@@ -175,6 +183,8 @@ def load_head(path: str | Path) -> LoadedHead:
         raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} for dialect {dialect!r}")
 
     has_d2t = "d2t" in state
+    if has_d2t:
+        _check_d2t_range(state["d2t"], cfg.vocab_size, file)
     if cfg.draft_vocab_size < cfg.vocab_size and not has_d2t:
         raise CheckpointError(
             f"{file}: missing tensor 'd2t' but draft_vocab_size={cfg.draft_vocab_size} < "
@@ -190,6 +200,16 @@ def load_head(path: str | Path) -> LoadedHead:
                       aux_ids_sglang=tuple(sglang_ids) if sglang_ids is not None else None,
                       aux_ids_vllm=tuple(vllm_ids) if vllm_ids is not None else None,
                       d2t_in_checkpoint=has_d2t)
+
+
+def _check_d2t_range(d2t: torch.Tensor, vocab_size: int, file: Path) -> None:
+    """Every draft id must map to a target id in 0..vocab_size-1 (EAGLE3.md section 2)."""
+    target_ids = torch.arange(d2t.numel()) + d2t.long()
+    bad = ((target_ids < 0) | (target_ids >= vocab_size)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise CheckpointError(f"{file}: tensor 'd2t' maps draft id {i} to target id {int(target_ids[i])} (and "
+                              f"{bad.numel() - 1} more out of range): target ids are 0..{vocab_size - 1}")
 
 
 def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.errors import UserError
+from eagle_eval.models.files import check_safetensors, read_json_file, said_by
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SMALL_CPU_MODEL = 100_000_000     # parameters; below this a CPU target runs on one thread
@@ -53,6 +54,7 @@ class TargetInfo:
     vocab_size: int
     dtype: str
     devices: tuple[str, ...]
+    max_positions: int | None = None      # config.max_position_embeddings
 
 
 class Target:
@@ -74,7 +76,8 @@ class Target:
             path=path, architecture=type(model).__name__, num_layers=self.num_layers,
             hidden_size=cfg.hidden_size, vocab_size=model.get_output_embeddings().weight.shape[0],
             dtype=str(model.dtype).replace("torch.", ""),
-            devices=tuple(sorted({str(p.device) for p in model.parameters()})))
+            devices=tuple(sorted({str(p.device) for p in model.parameters()})),
+            max_positions=getattr(cfg, "max_position_embeddings", None))
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -135,6 +138,32 @@ class Target:
         return self.model.get_input_embeddings()(ids.to(self.input_device))
 
 
+def _check_device(device_map: str) -> None:
+    if device_map.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = device_map.partition(":")[2]
+        if count == 0:
+            raise TargetError(f"--device-map {device_map}: this machine has no CUDA device (use auto or cpu)")
+        if index and (not index.isdigit() or int(index) >= count):
+            raise TargetError(f"--device-map {device_map}: CUDA devices here are cuda:0..cuda:{count - 1}")
+
+
+def _check_files(folder: Path, trust_remote_code: bool) -> None:
+    """config.json and the weights files, read before transformers does (its errors name no file)."""
+    config = read_json_file(folder / "config.json", TargetError, "a Hugging Face model config (a JSON object)")
+    if "auto_map" in config and not trust_remote_code:
+        raise TargetError(f"{folder / 'config.json'}: key 'auto_map' asks for the folder's own Python code; "
+                          "pass --trust-remote-code if you trust it")
+    for file in sorted(folder.glob("*.safetensors")):
+        check_safetensors(file, TargetError)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = read_json_file(index, TargetError, "a safetensors index").get("weight_map") or {}
+        missing = sorted({f for f in shards.values() if not (folder / f).is_file()})
+        if missing:
+            raise TargetError(f"{index}: key 'weight_map' names {missing[0]}, which is not in {folder}")
+
+
 def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_memory: str | None = None,
                 trust_remote_code: bool = False):
     """Load a local Hugging Face causal LM folder and its tokenizer -> (Target, tokenizer)."""
@@ -149,13 +178,24 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
     if dtype not in DTYPES:
         raise TargetError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
     dm = device_map_arg(device_map)
+    _check_device(device_map)
     if dm == "auto" and not torch.cuda.is_available():
         dm = {"": "cpu"}
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=parse_max_memory(max_memory),
-        trust_remote_code=trust_remote_code, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
-                                              trust_remote_code=trust_remote_code)
+    _check_files(folder, trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=parse_max_memory(max_memory),
+            trust_remote_code=trust_remote_code, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError) as exc:
+        raise said_by(f"{folder}: transformers cannot load the target model", exc, TargetError) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                  trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError) as exc:
+        raise said_by(f"{folder}: no usable tokenizer (tokenizer.json / tokenizer_config.json expected)", exc,
+                      TargetError) from exc
+    if tokenizer is None or isinstance(tokenizer, bool):
+        raise TargetError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json expected)")
     if all(p.device.type == "cpu" for p in model.parameters()) and model.num_parameters() < SMALL_CPU_MODEL:
         # batch-1 decoding of a small model: intra-op threads only add synchronisation (measured
         # 10 s with one thread vs 2 min with two on a busy 2-core machine, bundled pair, 8 prompts)

@@ -10,6 +10,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eagle_eval.errors import UserError
+
+
+class JsonlError(UserError, ValueError):
+    """A JSONL file that cannot be read as rows; the message names the file and line."""
+
 
 @dataclass
 class Prompt:
@@ -60,13 +66,21 @@ def append_jsonl(path: Path, row: dict) -> None:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSONL file; a last line cut short by an interrupted write is dropped."""
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    try:
+        lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    except UnicodeDecodeError as exc:
+        raise JsonlError(f"{path}: not a text (UTF-8 JSONL) file ({exc.reason} at byte {exc.start})") from exc
+    except IsADirectoryError as exc:
+        raise JsonlError(f"{path}: is a folder, a JSONL file was expected") from exc
     rows = []
     for lineno, line in enumerate(lines, 1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             if lineno == len(lines):
                 break
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+            raise JsonlError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+        if not isinstance(row, dict):
+            raise JsonlError(f"{path}:{lineno}: a JSON object per line was expected, got {type(row).__name__}")
+        rows.append(row)
     return rows

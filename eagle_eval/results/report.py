@@ -6,12 +6,9 @@ its definition (EAGLE3.md section 5). Nothing here touches a model.
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -147,13 +144,9 @@ def build_report(config, resolved: dict, samples: list[SampleRecord], warnings: 
 
 
 def write_report(path: Path, report: dict) -> None:
-    """Write atomically: a crash never leaves half a report."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write atomically: a crash never leaves half a report (results/run_folder.py)."""
+    from eagle_eval.results.run_folder import write_json_atomic
+    write_json_atomic(path, report)
 
 
 def _fmt(x, spec=".3f"):
@@ -186,6 +179,15 @@ def render_engine_taps(aux: dict) -> list[str]:
     return out
 
 
+def _eagle_params(cfg: dict) -> str:
+    """The --eagle-* conversion, when those flags were given (shown on the terminal, not only in report.json)."""
+    e = cfg.get("eagle_params")
+    if not e:
+        return ""
+    return (f"\n            from EAGLE's depth={e['depth']} top_k={e['top_k']} total_token={e['total_token']} "
+            f"({e['conversion']})")
+
+
 def render_table(report: dict) -> str:
     cfg, s = report["config"], report["summary"]
     aux = cfg["aux_layers"]
@@ -199,7 +201,7 @@ def render_table(report: dict) -> str:
         f"vocab map   draft {cfg['vocab_map']['draft_vocab_size']} / target {cfg['vocab_map']['vocab_size']}, "
         f"d2t {cfg['vocab_map']['d2t']}{' (identity)' if cfg['vocab_map']['d2t_identity'] else ''}",
         f"speculative num_steps={cfg['num_steps']} topk={cfg['topk']} num_draft_tokens={cfg['num_draft_tokens']}"
-        f"  max_new_tokens={cfg['max_new_tokens']}",
+        f"  max_new_tokens={cfg['max_new_tokens']}" + _eagle_params(cfg),
         "",
         f"prompts {s['prompts']}  cycles {s['cycles']}  emitted tokens {s['emitted_tokens']}",
         f"accept length tau (mean accepted+1 per cycle)        {_fmt(s['accept_length'])}",

@@ -17,7 +17,10 @@ scripts/evaluate/evaluate.py as `["subset"] + acceptance_csv_columns(spec)`): `s
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
+
+from eagle_eval.results.run_folder import write_atomic
 
 BASE_COLUMNS = ("group", "subset", "prompts", "cycles", "accepted_drafts",
                 "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_length")
@@ -121,10 +124,11 @@ def _columns(rows: list[dict]) -> list[str]:
 def write_csv(path: str | Path, results: list[tuple[str | None, dict]]) -> None:
     """results: [(label or None, report)]; the `result` column is written only when labels are given."""
     rows = [row for label, report in results for row in csv_rows(report, label)]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=_columns(rows), restval="")
-        writer.writeheader()
-        writer.writerows(rows)
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=_columns(rows), restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, buf.getvalue())
 
 
 def _value(key: str, text: str):
@@ -144,7 +148,8 @@ def read_csv(path: str | Path) -> list[dict]:
 def write_rows_csv(path: str | Path, rows: list[dict]) -> None:
     """One CSV row per dict (columns: every key, in first-seen order): the ablation table."""
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=columns)
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(path, buf.getvalue())

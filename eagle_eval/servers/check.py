@@ -176,17 +176,26 @@ def _any_disagreement(rows: list[dict], mode: str) -> bool:
 
 def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
                      progress: bool = False) -> ServerCheckResult:
+    """The check below, with --output-dir owned by this run (results/run_folder.py)."""
+    from eagle_eval.results.run_folder import open_output
+
+    with open_output(check.output_dir, "server-check", {**config.as_dict(), **asdict(check)},
+                     config.input_paths(), overwrite=config.overwrite) as folder:
+        return _run_server_check(config, check, oracle, progress, folder)
+
+
+def _run_server_check(config: RunConfig, check: ServerCheckConfig, oracle, progress: bool,
+                      folder) -> ServerCheckResult:
     """Compare the server at check.url (and/or check.sglang_log) with the oracle for config's prompts.
 
     `oracle`: an already loaded `api.Oracle` for `config` (saves reloading the target in test suites).
     """
     import torch
 
-    from eagle_eval.api import load_oracle
-    from eagle_eval.results.report import DEFINITIONS, build_report, write_report
+    from eagle_eval.api import checked_workload, load_oracle
+    from eagle_eval.results.report import DEFINITIONS, build_report
     from eagle_eval.servers.clients import make_client
     from eagle_eval.servers.hypotheses import match_hypotheses
-    from eagle_eval.workload.conversations import load_workload
 
     torch.manual_seed(config.seed)
     log_path = Path(check.sglang_log) if check.sglang_log else None
@@ -200,7 +209,7 @@ def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
     # before loading the target: a wrong --url fails in seconds
     settings, note = client.settings() if client is not None else (None, None)
     oracle = oracle or load_oracle(config)
-    workload = load_workload(config, oracle.tokenizer)      # the same prompts and turns as `run`
+    workload = checked_workload(config, oracle)      # the same prompts and turns as `run`
     resolved = oracle.resolved
     prompts, samples, rows = _decode_and_ask(oracle, workload, client, config, check, progress)
     acceptance = aggregate(backend, rows, check.tolerance) if client is not None else None
@@ -230,9 +239,9 @@ def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
         "divergences": divergences, "requests": rows, "hypotheses": hypotheses, "sglang_log": log,
         "verdict": verdict, "reasons": reasons, "exit_status": EXIT_STATUS[verdict],
     })
-    if check.output_dir:
-        Path(check.output_dir).mkdir(parents=True, exist_ok=True)
-        write_report(Path(check.output_dir) / "server_check.json", report)
+    if folder is not None:
+        folder.write_json("server_check.json", report)
+        folder.finish()
     return ServerCheckResult(report=report, exit_status=EXIT_STATUS[verdict])
 
 

@@ -32,3 +32,23 @@ def tokenize_row(row: dict, tokenizer, where: str, fmt) -> tuple[list[int], str 
             raise DataError(f"{where}: key 'prompt' must be a non-empty string")
         return tokenizer(row["prompt"])["input_ids"], row["prompt"]
     raise DataError(f"{where}: row has none of the keys 'prompt', 'messages', 'input_ids'")
+
+
+def check_prompts(prompts, limits, where: str) -> None:
+    """Refuse prompts the target cannot take: token ids outside its vocabulary, or more positions than
+    max_position_embeddings once max_new_tokens and the last verify's drafts are added.
+    limits: (vocab_size, max_positions or None, positions the decode adds after the prompt)."""
+    vocab, max_pos, extra = limits
+    for p in prompts:
+        bad = next((t for t in p.input_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise DataError(f"{where}: prompt id {p.id!r}: token id {bad} is outside the target's vocabulary "
+                            f"0..{vocab - 1}")
+        check_length(p, max_pos, extra, where)
+
+
+def check_length(prompt, max_pos: int | None, extra: int, where: str) -> None:
+    if max_pos is not None and len(prompt.input_ids) + extra > max_pos:
+        raise DataError(f"{where}: prompt id {prompt.id!r} has {len(prompt.input_ids)} tokens; with {extra} more "
+                        f"(--max-new-tokens + draft steps) that is past the target's max_position_embeddings "
+                        f"{max_pos}: shorten it, lower --max-new-tokens, or leave it out (--categories/--limit)")

@@ -59,7 +59,11 @@ class Table:
 def read_jsonl_rows(path: Path) -> Table:
     """Rows of a JSONL file, each with its 'FILE:LINE' (exact line numbers in every error)."""
     rows, columns = [], {}
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not a text (UTF-8 JSONL) file ({exc.reason} at byte {exc.start})") from exc
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -1,0 +1,331 @@
+"""An output folder belongs to one run: its owner file, the inputs' fingerprints, a lock, atomic writes.
+
+Contract: `open_run_folder(path, command, config, inputs, resume=, overwrite=)` returns a `RunFolder`
+holding an exclusive `fcntl.flock` on `<folder>/.eagle-eval.lock` for as long as the run writes there
+(a second writer gets a `RunFolderError` at once). The owner file `eagle_eval_run.json` records the
+command, its configuration and the sha256 of every input's contents (files, or every file of a folder),
+never the inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
+were replaced in place is refused and the same folder spelled with a trailing slash is accepted.
+A folder owned by another command or configuration is refused without touching a byte of it, unless
+resuming (same owner, same fingerprints) or `overwrite` (the old run's files are removed first; files
+eagle-eval did not write are never removed). Whole files go through `write_atomic` (temporary file,
+then rename, with the permissions an ordinary file would get); rows through `append_row` (flushed).
+This module knows nothing about models; torch is not imported.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from eagle_eval.errors import UserError
+
+OWNER_FILE = "eagle_eval_run.json"
+LOCK_FILE = ".eagle-eval.lock"
+# names older eagle-eval versions wrote: such a folder may be overwritten, but not resumed
+KNOWN_FILES = frozenset({"report.json", "samples.jsonl", "run_config.json", "acceptance.csv", "profile.json",
+                         "ablation.json", "ablation.csv", "ablation.png", "diagnosis.json", "server_check.json"})
+_CHUNK = 16 << 20
+_hash_cache: dict[tuple, str] = {}
+
+
+class RunFolderError(UserError, ValueError):
+    """An output folder that this run may not write to; the message names the folder and what to do."""
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's contents, read in chunks; cached per process by (path, size, mtime)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _hash_cache:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                h.update(chunk)
+        _hash_cache[key] = h.hexdigest()
+    return _hash_cache[key]
+
+
+def fingerprint(path: str | Path) -> dict:
+    """{"kind": "file", "sha256"} or {"kind": "folder", "files": {relative name: sha256}} (hidden
+    files skipped); a path that does not exist is {"kind": "missing"} (the loader will say so)."""
+    p = Path(path)
+    if p.is_file():
+        return {"kind": "file", "sha256": file_sha256(p)}
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file()
+                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
+        return {"kind": "folder", "files": {str(f.relative_to(p)): file_sha256(f) for f in files}}
+    return {"kind": "missing"}
+
+
+def fingerprint_value(value) -> str:
+    """sha256 of a JSON-serialisable value (e.g. the resolved workload's token ids)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write a whole file: temporary file in the same folder, then rename; a crash never leaves half of it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode())             # mkstemp makes 0600; match the folder's other files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, obj) -> None:
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def _differences(owner: dict, command: str, config: dict, inputs: dict, ignore: tuple) -> list[str]:
+    """What differs between the folder's owner and this run, in words; [] = the same run."""
+    if owner.get("command") != command:
+        return [f"it was written by `eagle-eval {owner.get('command')}`, not `eagle-eval {command}`"]
+    saved = owner.get("config") or {}
+    out = [f"option {k}: {saved.get(k)!r} -> {v!r}" for k, v in config.items()
+           if k not in ignore and k not in inputs and saved.get(k) != v]
+    for name, now in inputs.items():
+        before = (owner.get("inputs") or {}).get(name)
+        if before is None or before.get("fingerprint") != now["fingerprint"]:
+            out.append(f"--{name.replace('_', '-')} {now['path']}: its contents differ from those the run "
+                       f"started with ({(before or {}).get('path')})")
+    return out
+
+
+class RunFolder:
+    """An output folder held by this run (see the module docstring); use as a context manager."""
+
+    def __init__(self, path: Path, lock_fd: int, owner: dict):
+        self.path, self._lock_fd, self.owner = path, lock_fd, owner
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def write_json(self, name: str, obj) -> None:
+        self._note(name)
+        write_json_atomic(self.path / name, obj)
+
+    def write_text(self, name: str, text: str) -> None:
+        self._note(name)
+        write_atomic(self.path / name, text)
+
+    def append_row(self, name: str, row: dict) -> None:
+        """Append one JSONL row and flush it, so an interrupted run keeps every finished row."""
+        self._note(name)
+        with open(self.path / name, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def note(self, name: str) -> None:
+        """A file written into the folder by another writer (a CSV, a plot): it belongs to this run."""
+        self._note(name)
+
+    def record_workload(self, digests: dict[str, str], resume: bool) -> None:
+        """{prompt id: sha256 of its token ids}: known only after loading; on resume every id already
+        recorded must have the same tokens (same files, same tokenization and template)."""
+        before = self.owner.setdefault("workload", {})
+        changed = sorted(k for k in digests if k in before and before[k] != digests[k])
+        if resume and changed:
+            raise RunFolderError(f"--resume: {self.path}: prompt {changed[0]!r} renders to other token ids than when "
+                                 "the run started (tokenizer, template or prompt options changed)")
+        before.update(digests)
+        self._save()
+
+    def finish(self) -> None:
+        self.owner["status"] = "finished"
+        self.owner["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self._save()
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _note(self, name: str) -> None:
+        if name not in self.owner["files"]:
+            self.owner["files"].append(name)
+            self._save()
+
+    def _save(self) -> None:
+        write_json_atomic(self.path / OWNER_FILE, self.owner)
+
+
+def _read_owner(folder: Path) -> dict | None:
+    file = folder / OWNER_FILE
+    if not file.is_file():
+        return None
+    try:
+        owner = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{file}: not valid JSON ({exc}); the folder's state is unknown: pass --overwrite "
+                             "to start it afresh or choose another --output-dir") from exc
+    if not isinstance(owner, dict) or not isinstance(owner.get("files"), list) or "command" not in owner:
+        raise RunFolderError(f"{file}: not an eagle-eval owner file (keys 'command' and 'files' expected); "
+                             "pass --overwrite to start the folder afresh or choose another --output-dir")
+    return owner
+
+
+def _foreign(folder: Path, owner: dict | None) -> list[str]:
+    """Entries of the folder that no eagle-eval run wrote."""
+    ours = KNOWN_FILES | {OWNER_FILE, LOCK_FILE} | set((owner or {}).get("files", []))
+    return sorted(e.name for e in folder.iterdir() if e.name not in ours and not e.name.startswith("."))
+
+
+def _check(folder: Path, command: str, config: dict, inputs: dict, resume: bool, overwrite: bool,
+           ignore: tuple, locked: bool = False) -> dict | None:
+    """Refuse what this run may not do to the folder; returns its owner (None: new or to be replaced)."""
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"--output-dir {folder}: is a file, not a folder")
+    if not folder.is_dir():
+        if resume:
+            raise RunFolderError(f"--resume: {folder} does not exist (nothing to resume)")
+        return None
+    if not locked:
+        _refuse_if_busy(folder)
+    owner = _read_owner(folder) if not overwrite else None
+    foreign = _foreign(folder, owner if not overwrite else _safe_owner(folder))
+    if foreign:
+        raise RunFolderError(f"--output-dir {folder}: holds files eagle-eval did not write ({', '.join(foreign[:3])}"
+                             f"{', ...' if len(foreign) > 3 else ''}); choose another --output-dir")
+    if overwrite:
+        return None
+    if owner is None:
+        if any(e.name != LOCK_FILE for e in folder.iterdir()):
+            raise RunFolderError(f"--output-dir {folder}: holds results of an older eagle-eval without an owner "
+                                 f"file ({OWNER_FILE}); pass --overwrite to replace them or choose another --output-dir")
+        if resume:
+            raise RunFolderError(f"--resume: {folder} holds no run (nothing to resume)")
+        return None
+    diff = _differences(owner, command, config, inputs, ignore)
+    if resume and diff:
+        raise RunFolderError(f"--resume: {folder} belongs to another run: " + "; ".join(diff))
+    if not resume:
+        state = "a finished" if owner.get("status") == "finished" else "an unfinished (interrupted?)"
+        hint = "pass --resume to continue it, " if command == "run" and not diff else ""
+        raise RunFolderError(f"--output-dir {folder}: holds {state} `eagle-eval {owner.get('command')}`; "
+                             f"{hint}pass --overwrite to replace it, or choose another --output-dir")
+    return owner
+
+
+def _safe_owner(folder: Path) -> dict | None:
+    try:
+        return _read_owner(folder)
+    except RunFolderError:
+        return None
+
+
+def _busy_error(folder: Path) -> RunFolderError:
+    return RunFolderError(f"--output-dir {folder}: another eagle-eval is writing there right now "
+                          f"({folder / LOCK_FILE} is locked); wait for it or choose another --output-dir")
+
+
+def _refuse_if_busy(folder: Path) -> None:
+    """A live writer holds the lock: say so (opening the lock file changes no byte of the folder)."""
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _busy_error(folder) from None
+    finally:
+        os.close(fd)                         # closing releases a lock taken here
+
+
+def _lock(folder: Path) -> int:
+    lock_file = folder / LOCK_FILE
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, _file_mode())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _busy_error(folder) from None
+    return fd
+
+
+def _clear(folder: Path, owner: dict | None) -> None:
+    """--overwrite: remove the old run's files (never a file eagle-eval did not write)."""
+    for name in sorted(KNOWN_FILES | set((owner or {}).get("files", [])) | {OWNER_FILE}):
+        p = folder / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[str, str | None],
+                    resume: bool = False, overwrite: bool = False, ignore: tuple = ()) -> RunFolder:
+    """Take the output folder for `command` (see the module docstring).
+
+    config: the command's settings (JSON values); inputs: {config key: path} of every file or folder
+    read (None = not given), compared by contents instead of by spelling; ignore: config keys a
+    resumed run may change (e.g. --limit)."""
+    if resume and overwrite:
+        raise RunFolderError("--resume and --overwrite exclude each other")
+    folder = Path(path)
+    given = {k: {"path": str(v), "fingerprint": fingerprint(v)} for k, v in inputs.items() if v is not None}
+    _check(folder, command, config, given, resume, overwrite, ignore)     # refuse before touching anything
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError, PermissionError) as exc:
+        raise RunFolderError(f"--output-dir {folder}: cannot be created ({exc.strerror or exc})") from exc
+    fd = _lock(folder)
+    try:
+        owner = _check(folder, command, config, given, resume, overwrite, ignore, locked=True)   # again, locked
+        if owner is None:
+            _clear(folder, _safe_owner(folder))
+            owner = {"schema_version": 1, "command": command, "status": "running",
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": config, "inputs": given,
+                     "files": []}
+        else:
+            owner.update(status="running", resumed=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        rf = RunFolder(folder, fd, owner)
+        rf._save()
+        return rf
+    except BaseException:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        raise
+
+
+class _NoFolder:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def open_output(output_dir: str | None, command: str, settings: dict, inputs: dict, overwrite: bool = False):
+    """`with open_output(...) as folder:` the RunFolder for --output-dir, or None without one."""
+    if not output_dir:
+        return _NoFolder()
+    return open_run_folder(output_dir, command, settings, inputs, overwrite=overwrite)
