@@ -113,6 +113,6 @@ def quantization_info(model, folder: Path) -> dict | None:
     elif info["method"] == "compressed-tensors":
         info["in_memory"] = "packed at load; compressed-tensors decompresses each module on its first forward"
     else:
-        info["in_memory"] = "quantized weights, run by transformers' quantized kernels"
+        info["in_memory"] = "kept quantized; transformers' FP8 matmuls need the `kernels` package"
     info["summary"] = describe(info)
     return info
