@@ -26,14 +26,15 @@ def make_tokenizer(vocab_size: int = VOCAB):
 
 
 def make_target(path: Path, family: str = "llama", num_layers: int = 8, hidden: int = 48, seed: int = 0,
-                eos_token_id: int | None = None) -> Path:
-    """Save a random tiny causal LM (fp32) and a tokenizer to `path`."""
+                eos_token_id: int | None = None, overrides: dict | None = None) -> Path:
+    """Save a random tiny causal LM (fp32) and a tokenizer to `path`; `overrides` replace config fields."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1,
-                  eos_token_id=eos_token_id if eos_token_id is not None else 2, pad_token_id=0)
+                  eos_token_id=eos_token_id if eos_token_id is not None else 2, pad_token_id=0,
+                  **(overrides or {}))
     if family == "llama":
         cfg = AutoConfig.for_model("llama", **common)
     elif family == "qwen3":
@@ -42,9 +43,10 @@ def make_target(path: Path, family: str = "llama", num_layers: int = 8, hidden: 
         cfg = AutoConfig.for_model("qwen2", **common)
     elif family == "deepseek_v3":
         cfg = AutoConfig.for_model(
-            "deepseek_v3", **{**common, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4,
-            num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
-            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, n_group=1, topk_group=1, rope_scaling=None)
+            "deepseek_v3", **{**dict(moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                                     n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
+                                     qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, n_group=1, topk_group=1,
+                                     rope_scaling=None), **common, "num_key_value_heads": 4})
     else:
         raise ValueError(family)
     torch.manual_seed(seed)

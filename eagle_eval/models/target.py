@@ -55,6 +55,7 @@ class TargetInfo:
     dtype: str
     devices: tuple[str, ...]
     max_positions: int | None = None      # config.max_position_embeddings
+    quantization: dict | None = None     # models/quant.quantization_info: None for an unquantized checkpoint
 
 
 class Target:
@@ -200,4 +201,14 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
         # batch-1 decoding of a small model: intra-op threads only add synchronisation (measured
         # 10 s with one thread vs 2 min with two on a busy 2-core machine, bundled pair, 8 prompts)
         torch.set_num_threads(1)
-    return Target(model, str(folder)), tokenizer
+    return with_quantization(Target(model, str(folder)), folder), tokenizer
+
+
+def with_quantization(target: Target, folder: Path) -> Target:
+    """Record the checkpoint's quantization (method, bits, blocks, what stayed quantized) in `target.info`."""
+    from dataclasses import replace
+
+    from eagle_eval.models.quant import quantization_info
+
+    target.info = replace(target.info, quantization=quantization_info(target.model, folder))
+    return target

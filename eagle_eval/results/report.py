@@ -194,6 +194,7 @@ def render_table(report: dict) -> str:
     lines = [
         f"target  {cfg['target']['path']}  ({cfg['target']['architecture']}, {cfg['target']['num_layers']} layers, "
         f"{cfg['dtype']}, {', '.join(cfg['target']['devices'])})",
+        *([f"quant   {cfg['target']['quantization']['summary']}"] if cfg['target'].get('quantization') else []),
         f"draft   {cfg['head']['path']}  ({cfg['head']['dialect']} layout)",
         f"aux layers  HF {aux['hf']}  = SGLang ids {aux['sglang']}  = vLLM ids {aux['vllm']}  [{aux['source']}]",
         *render_engine_taps(aux),

@@ -1,0 +1,118 @@
+"""Quantized targets: what the checkpoint says is quantized, and what transformers kept quantized.
+
+Contract: `quantization_info(model, folder)` reads the folder's `config.json` `quantization_config`
+and the safetensors headers (names and shapes only, no tensor data), inspects the loaded model's
+parameters, and returns a JSON-ready dict, or None for an unquantized checkpoint. It never changes
+the model. Two layouts are named: block-wise FP8 (DeepSeek-V3 / Kimi-K2 native: `quant_method: fp8`,
+`weight_block_size`, `<module>.weight_scale_inv`) and compressed-tensors (Kimi-K2 Thinking / K2.5:
+`quant_method: compressed-tensors`, `<module>.weight_packed` + `weight_scale` for pack-quantized int).
+A module counts as quantized in the checkpoint when it ships a scale companion next to its weight;
+every other module with a 2-D or larger weight is listed as left unquantized.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+COMPANIONS = ("weight_scale_inv", "weight_packed", "weight_scale")   # a quantized module ships one of these
+NARROW = {torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8, torch.int32}
+
+
+def module_pattern(name: str) -> str:
+    """'model.layers.12.mlp.experts.3.gate_proj' -> 'model.layers.*.mlp.experts.*.gate_proj'."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", name)
+
+
+def checkpoint_modules(folder: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """(quantized, unquantized) module patterns -> module counts, from the safetensors headers."""
+    from safetensors import safe_open
+
+    weights, quantized = {}, set()
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for key in f.keys():
+                module, _, tensor = key.rpartition(".")
+                if tensor in COMPANIONS:
+                    quantized.add(module)
+                elif tensor == "weight" and len(f.get_slice(key).get_shape()) >= 2:
+                    weights[module] = True
+    counts: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    for module in sorted(quantized | set(weights)):
+        side = counts[0] if module in quantized else counts[1]
+        side[module_pattern(module)] = side.get(module_pattern(module), 0) + 1
+    return counts
+
+
+def _scheme(qc: dict) -> dict:
+    """The fields of the checkpoint's quantization_config that say what a weight is stored as."""
+    method = qc.get("quant_method")
+    if method == "fp8":
+        return {"method": "fp8", "bits": 8, "format": qc.get("fmt", "e4m3"),
+                "weight_block_size": qc.get("weight_block_size"),
+                "activation_scheme": qc.get("activation_scheme", "dynamic"),
+                "modules_to_not_convert": qc.get("modules_to_not_convert")}
+    if method == "compressed-tensors":
+        groups = []
+        for name, group in sorted((qc.get("config_groups") or {}).items()):
+            w = group.get("weights") or {}
+            groups.append({"group": name, "targets": group.get("targets"), "type": w.get("type"),
+                           "bits": w.get("num_bits"), "strategy": w.get("strategy"),
+                           "group_size": w.get("group_size"), "block_structure": w.get("block_structure"),
+                           "symmetric": w.get("symmetric"), "format": group.get("format") or qc.get("format")})
+        bits = sorted({g["bits"] for g in groups if g["bits"] is not None})
+        return {"method": "compressed-tensors", "bits": bits[0] if len(bits) == 1 else bits,
+                "format": qc.get("format"), "groups": groups, "ignore": qc.get("ignore")}
+    return {"method": str(method)}
+
+
+def held_quantized(model) -> int:
+    """Modules of the loaded model whose weights are still stored narrow (fp8, packed int) or packed."""
+    held = 0
+    for module in model.modules():
+        own = dict(module.named_parameters(recurse=False))
+        if "weight_packed" in own or any(p.dtype in NARROW and p.dim() >= 2 for p in own.values()):
+            held += 1
+    return held
+
+
+def describe(info: dict) -> str:
+    """One line for the terminal table: scheme; what stayed quantized; what the checkpoint left alone."""
+    if info["method"] == "fp8":
+        block = info.get("weight_block_size")
+        scheme = f"fp8 {info['format']} weights, block {'x'.join(map(str, block)) if block else 'per-tensor'}"
+    elif info["method"] == "compressed-tensors":
+        parts = [f"{g['type']}{g['bits']} {g['strategy']}" + (f" {g['group_size']}" if g["group_size"] else "")
+                 for g in info["groups"]]
+        scheme = f"compressed-tensors {info['format']} ({'; '.join(parts)})"
+    else:
+        scheme = info["method"]
+    left = ", ".join(info["unquantized_modules"]) or "none"
+    return (f"{scheme}; {info['quantized_module_count']} modules quantized in the checkpoint, "
+            f"{info['held_quantized_modules']} held quantized in memory ({info['in_memory']}); "
+            f"left unquantized: {left}")
+
+
+def quantization_info(model, folder: Path) -> dict | None:
+    """The resolved quantization of a loaded target (see the module contract), or None."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if not qc:
+        return None
+    quantized, unquantized = checkpoint_modules(Path(folder))
+    held = held_quantized(model)
+    info = {**_scheme(qc), "quantized_modules": quantized, "quantized_module_count": sum(quantized.values()),
+            "unquantized_modules": sorted(unquantized), "held_quantized_modules": held,
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+    if held == 0:
+        dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.dim() >= 2})
+        info["in_memory"] = f"dequantized on load to {', '.join(dtypes)}"
+    elif info["method"] == "compressed-tensors":
+        info["in_memory"] = "packed at load; compressed-tensors decompresses each module on its first forward"
+    else:
+        info["in_memory"] = "kept quantized; transformers' FP8 matmuls need the `kernels` package"
+    info["summary"] = describe(info)
+    return info

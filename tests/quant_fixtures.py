@@ -1,0 +1,95 @@
+"""Tiny quantized DeepSeek-V3-architecture targets, written in the layouts real checkpoints ship.
+
+- `make_fp8_target`: DeepSeek-V3 / Kimi-K2 native block-wise FP8: every attention and MLP projection
+  (dense, shared and routed experts, per-expert keys as in the released checkpoints) stored as
+  float8_e4m3fn with a float32 `weight_scale_inv` per block (W = fp8 * scale_inv), `quantization_config`
+  {quant_method: fp8, weight_block_size}; embeddings, the router (mlp.gate), norms and lm_head stay fp32.
+- `make_int4_target`: compressed-tensors pack-quantized int4 with group scales, compressed by the
+  compressed-tensors library itself. scope="experts" is the Kimi-K2 Thinking / K2.5 layout (routed
+  experts only; attention, shared experts, dense MLPs and lm_head ignored); scope="linear" quantizes
+  every decoder projection, so that the loaded model holds compressed Linear modules.
+The MLA dims are multiples of the block/group size (see README "Quantized targets" for why).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from fixtures import make_target
+
+# MLA with a q LoRA (as DeepSeek-V3); every projection dim a multiple of 16
+DSV3 = dict(q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=8, v_head_dim=12)
+PROJ = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\..*proj\w*\.weight$")   # gate = router: left out
+EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.\d+\.\w+_proj\.weight$")
+
+
+def fp8_block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (fp8 [N, K], scale_inv [ceil(N/bn), ceil(K/bk)]) with amax/448 per block."""
+    (n, k), (bn, bk) = w.shape, block
+    sn, sk = -(-n // bn), -(-k // bk)
+    padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32)
+    padded[:n, :k] = w
+    blocks = padded.view(sn, bn, sk, bk)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    q = (blocks / scale[:, None, :, None]).view(sn * bn, sk * bk)[:n, :k].to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.contiguous()
+
+
+def fp8_block_dequantize(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """The inverse the checkpoint format defines: W[i, j] = q[i, j] * scale_inv[i // bn, j // bk]."""
+    full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+    return q.float() * full[: q.shape[0], : q.shape[1]]
+
+
+def _rewrite(path: Path, tensors: dict, quantization_config: dict) -> Path:
+    from safetensors.torch import save_file
+
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def make_fp8_target(path: Path, block: tuple[int, int] = (16, 16), num_layers: int = 3, seed: int = 0) -> Path:
+    from safetensors.torch import load_file
+
+    make_target(path, family="deepseek_v3", num_layers=num_layers, seed=seed, overrides=DSV3)
+    out = {}
+    for key, w in load_file(path / "model.safetensors").items():
+        if PROJ.match(key):
+            out[key], out[key.removesuffix("weight") + "weight_scale_inv"] = fp8_block_quantize(w, block)
+        else:
+            out[key] = w
+    return _rewrite(path, out, {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                "weight_block_size": list(block)})
+
+
+def make_int4_target(path: Path, group_size: int = 16, scope: str = "experts", num_layers: int = 3,
+                     seed: int = 0) -> Path:
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+    from safetensors.torch import load_file
+
+    make_target(path, family="deepseek_v3", num_layers=num_layers, seed=seed, overrides=DSV3)
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+        num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size))
+    ignore = ["lm_head"] + (["re:.*self_attn.*", "re:.*shared_experts.*", r"re:.*mlp\.(gate|up|down)_proj.*"]
+                            if scope == "experts" else [])
+    pattern = {"experts": EXPERT, "linear": PROJ}[scope]
+    compressor = BaseCompressor.get_value_from_registry("pack-quantized")
+    out = {}
+    for key, w in load_file(path / "model.safetensors").items():
+        if not pattern.match(key):
+            out[key] = w
+            continue
+        # symmetric int4: scale = group amax / 7, values in [-8, 7]; bf16 scales as Kimi-K2 ships them
+        scale = (w.view(w.shape[0], -1, group_size).abs().amax(-1) / 7).clamp(min=1e-8).to(torch.bfloat16)
+        for name, t in compressor.compress({"weight": w, "weight_scale": scale}, scheme).items():
+            out[key.removesuffix("weight") + name] = t.contiguous()
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, format="pack-quantized", ignore=ignore,
+                            quantization_status="compressed")
+    return _rewrite(path, out, {**json.loads(qc.model_dump_json()), "quant_method": "compressed-tensors"})
