@@ -8,7 +8,8 @@
 
 Each dialect maps checkpoint keys to `Eagle3Head` parameter names through one visible table; loading
 is strict: a missing, unexpected or mis-shaped tensor is a `CheckpointError` naming the file, the key
-and both shapes. `.bin` pickles load with `weights_only=True`.
+and both shapes (and, for a variant's tensor, the config flag that asks for it or its absence).
+Every config.json key is audited first (models/head_keys.py). `.bin` pickles load with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -19,20 +20,17 @@ from pathlib import Path
 
 import torch
 
-from eagle_eval.errors import UserError
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
+from eagle_eval.models.head_config import (  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
+    EAGLE, SPECFORGE, SPECULATORS, CheckpointError, head_config_from_json)
+from eagle_eval.models.head_keys import KeyAudit, audit_keys, check_keys
 from eagle_eval.models.heads import Eagle3Head, HeadConfig
 
-SPECFORGE, EAGLE, SPECULATORS = "specforge", "eagle", "speculators"
 DIALECTS = (SPECFORGE, EAGLE, SPECULATORS)
 _LAYER_PREFIX = {SPECFORGE: "midlayer.", EAGLE: "midlayer.", SPECULATORS: "layers.0."}
 _OPTIONAL = ("fc.bias", "embed_tokens.weight", "d2t", "t2d")
-# speculators options that change the math in ways this head does not implement
-_UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm")
-
-
-class CheckpointError(UserError, ValueError):
-    """A draft checkpoint that cannot be read as an EAGLE-3 head; the message names file and key."""
+# tensors of a variant -> the config flag that asks for them (for the strict-loading messages)
+_VARIANT_TENSORS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +43,8 @@ class LoadedHead:
     aux_ids_sglang: tuple | None      # nested eagle_config.eagle_aux_hidden_state_layer_ids
     aux_ids_vllm: tuple | None        # top-level eagle_aux_hidden_state_layer_ids
     d2t_in_checkpoint: bool
+    key_audit: KeyAudit | None = None  # every config.json key: consumed / harmless / engine math / unknown
+    key_notes: tuple = ()              # warnings from the audit (unknown keys, allowed engine-math keys)
 
 
 def detect_dialect(config: dict, config_file: Path) -> str:
@@ -59,53 +59,6 @@ def detect_dialect(config: dict, config_file: Path) -> str:
         f"{config_file}: key 'architectures' = {archs!r}; expected one of "
         "'LlamaForCausalLMEagle3' (SpecForge/SGLang), 'LlamaForCausalLM' (EAGLE official) or "
         "'Eagle3Speculator' (speculators)")
-
-
-def _need(cfg: dict, key: str, where: Path, default=None):
-    if key in cfg and cfg[key] is not None:
-        return cfg[key]
-    if default is not None:
-        return default
-    raise CheckpointError(f"{where}: missing key {key!r} (needed to build the draft head)")
-
-
-def head_config_from_json(config: dict, dialect: str, config_file: Path) -> HeadConfig:
-    """The head's shape from config.json, for any dialect."""
-    if dialect == SPECULATORS:
-        for flag in _UNSUPPORTED_FLAGS:
-            if config.get(flag):
-                raise CheckpointError(
-                    f"{config_file}: key {flag!r} = {config[flag]!r} is not supported by eagle-eval's head")
-        layer = _need(config, "transformer_layer_config", config_file)
-        top = config
-    else:
-        layer, top = config, config
-    hidden = _need(layer, "hidden_size", config_file)
-    heads = _need(layer, "num_attention_heads", config_file)
-    rope = layer.get("rope_parameters") or {}
-    scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
-                                            if rope.get("rope_type", "default") != "default" else None)
-    eagle_cfg = top.get("eagle_config") or {}
-    vocab = _need(layer, "vocab_size", config_file)
-    return HeadConfig(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=layer.get("num_key_value_heads") or heads,
-        head_dim=layer.get("head_dim") or hidden // heads,
-        intermediate_size=_need(layer, "intermediate_size", config_file),
-        vocab_size=vocab,
-        draft_vocab_size=top.get("draft_vocab_size") or vocab,
-        target_hidden_size=top.get("target_hidden_size") or hidden,
-        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-        rope_theta=float(layer.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-        rope_scaling=scaling,
-        max_position_embeddings=layer.get("max_position_embeddings", 2048),
-        hidden_act=layer.get("hidden_act", "silu"),
-        num_aux=3 if eagle_cfg.get("use_aux_hidden_state", True) else 1,
-        norm_before_residual=bool(top.get("norm_before_residual", False)),
-        attention_bias=bool(layer.get("attention_bias", False)),
-        mlp_bias=bool(layer.get("mlp_bias", False)),
-    )
 
 
 def _weights_file(path: Path, dialect: str) -> Path:
@@ -137,51 +90,77 @@ def key_map(dialect: str, names) -> dict[str, str]:
     return {n: prefix + n[len("midlayer."):] if n.startswith("midlayer.") else n for n in names}
 
 
-def load_head(path: str | Path) -> LoadedHead:
-    """Read a draft head checkpoint folder (any dialect) strictly."""
-    path = Path(path)
+def _read_config(path: Path) -> tuple[Path, dict]:
     config_file = path / "config.json"
     if not path.is_dir():
         raise CheckpointError(f"{path}: draft checkpoint folder does not exist (local paths only)")
     if not config_file.is_file():
         raise CheckpointError(f"{config_file}: missing (an EAGLE-3 head folder needs config.json)")
-    config = read_json_file(config_file, CheckpointError, "the head's config (a JSON object)")
-    dialect = detect_dialect(config, config_file)
-    try:
-        cfg = head_config_from_json(config, dialect, config_file)
-    except (TypeError, ZeroDivisionError, AttributeError) as exc:   # e.g. a size given as a string
-        raise said_by(f"{config_file}: a size or setting has the wrong type", exc, CheckpointError) from exc
-    file = _weights_file(path, dialect)
-    tensors = _read_tensors(file)
+    return config_file, read_json_file(config_file, CheckpointError, "the head's config (a JSON object)")
 
-    with_embedding = "embed_tokens.weight" in tensors
-    if "fc.bias" in tensors:
-        cfg = HeadConfig(**{**cfg.__dict__, "fc_bias": True})
-    try:
-        head = Eagle3Head(cfg, with_embedding=with_embedding)
-    except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:
-        raise said_by(f"{config_file}: a size or setting has the wrong type or value", exc, CheckpointError) from exc
+
+def _flag_hint(key: str, cfg: HeadConfig) -> str:
+    """For a variant's tensor: the config flag behind it and its value, else ''."""
+    for prefix, flag in _VARIANT_TENSORS.items():
+        if key.startswith(prefix):
+            on = getattr(cfg, flag)
+            return (f" (config.json sets {flag}: true, which needs it)" if on else
+                    f" (config.json has no {flag}: true; with the flag the engines would apply this norm)")
+    return ""
+
+
+def _match_tensors(head: Eagle3Head, tensors: dict, dialect: str, file: Path, config_file: Path) -> dict:
+    """Head parameter name -> checkpoint tensor, strictly: every expected tensor present (bar the optional
+    ones) with its shape, no tensor left over."""
     expected = head.state_dict()
     names = key_map(dialect, expected)
-    consumed = set()
     state = {}
     for name, ref in expected.items():
         key = names[name]
         if key not in tensors:
             if name in _OPTIONAL:
                 continue
-            raise CheckpointError(f"{file}: missing tensor {key!r} (expected shape {list(ref.shape)})")
+            raise CheckpointError(f"{file}: missing tensor {key!r} (expected shape {list(ref.shape)})"
+                                  + _flag_hint(name, head.config))
         t = tensors[key]
         if tuple(t.shape) != tuple(ref.shape):
             raise CheckpointError(
                 f"{file}: tensor {key!r} has shape {list(t.shape)}, expected {list(ref.shape)} "
                 f"(from {config_file.name})")
         state[name] = t
-        consumed.add(key)
-    unexpected = sorted(set(tensors) - consumed)
+    unexpected = sorted(set(tensors) - {names[n] for n in state})
     if unexpected:
-        raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} for dialect {dialect!r}")
+        hints = "".join(_flag_hint(k, head.config) for k in unexpected[:1])
+        raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} for dialect {dialect!r}{hints}")
+    return state
 
+
+def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) -> Eagle3Head:
+    try:
+        cfg = head_config_from_json(config, dialect, config_file)
+    except (TypeError, ZeroDivisionError, AttributeError) as exc:   # e.g. a size given as a string
+        raise said_by(f"{config_file}: a size or setting has the wrong type", exc, CheckpointError) from exc
+    if "fc.bias" in tensors:
+        cfg = HeadConfig(**{**cfg.__dict__, "fc_bias": True})
+    try:
+        return Eagle3Head(cfg, with_embedding="embed_tokens.weight" in tensors)
+    except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:
+        raise said_by(f"{config_file}: a size or setting has the wrong type or value", exc, CheckpointError) from exc
+
+
+def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
+    """Read a draft head checkpoint folder (any dialect) strictly. Config keys that change the math in an
+    engine but not here are an error unless `allow_unknown_keys` (models/head_keys.py)."""
+    path = Path(path)
+    config_file, config = _read_config(path)
+    dialect = detect_dialect(config, config_file)
+    audit = audit_keys(config, dialect)
+    notes = check_keys(audit, config_file, allow_unknown_keys)
+    file = _weights_file(path, dialect)
+    tensors = _read_tensors(file)
+    head = _build_head(config, dialect, config_file, tensors)
+    cfg = head.config
+    state = _match_tensors(head, tensors, dialect, file, config_file)
     has_d2t = "d2t" in state
     if has_d2t:
         _check_d2t_range(state["d2t"], cfg.vocab_size, file)
@@ -196,10 +175,10 @@ def load_head(path: str | Path) -> LoadedHead:
     sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     vllm_ids = config.get("eagle_aux_hidden_state_layer_ids")
     return LoadedHead(head=head.eval(), dialect=dialect, path=str(path), weights_file=str(file),
-                      own_embedding=with_embedding,
+                      own_embedding=head.embed_tokens is not None,
                       aux_ids_sglang=tuple(sglang_ids) if sglang_ids is not None else None,
                       aux_ids_vllm=tuple(vllm_ids) if vllm_ids is not None else None,
-                      d2t_in_checkpoint=has_d2t)
+                      d2t_in_checkpoint=has_d2t, key_audit=audit, key_notes=tuple(notes))
 
 
 def _check_d2t_range(d2t: torch.Tensor, vocab_size: int, file: Path) -> None:
@@ -248,8 +227,10 @@ def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
         "rope_scaling": cfg.rope_scaling, "max_position_embeddings": cfg.max_position_embeddings,
         "hidden_act": cfg.hidden_act, "num_hidden_layers": 1, "model_type": "llama",
         "attention_bias": cfg.attention_bias, "mlp_bias": cfg.mlp_bias,
+        **({"rope_is_neox_style": False} if cfg.rope_interleaved else {}),
     }
-    top = {"draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size}
+    top = {"draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
+           **{f: True for f in ("norm_before_fc", "fc_norm", "norm_output") if getattr(cfg, f)}}
     ids = list(aux_layer_ids_sglang) if aux_layer_ids_sglang is not None else None
     if dialect == SPECULATORS:
         config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",

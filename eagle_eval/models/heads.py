@@ -1,60 +1,31 @@
 """The EAGLE-3 draft head: one decoder layer over (token embedding, fused target features).
 
 Contract: `Eagle3Head` computes exactly the per-token math of EAGLE3.md section 2, with an explicit
-`DraftCache`; it knows nothing about the target model, tokenizers or the speculative loop. The
-checkpoint dialects (SpecForge/SGLang, EAGLE official, speculators) are read and written here, each
-through a visible key map; loading is strict (a missing, unexpected or mis-shaped tensor is an error
-naming the file, the key and both shapes).
+`DraftCache`, and the variants the engines ship (`norm_before_fc`, EAGLE-3.1 `fc_norm` / `norm_output`,
+interleaved RoPE, scaled RoPE through transformers' initialisers): see models/head_config.py, which
+holds `HeadConfig` and cites where each engine implements each. It knows nothing about the target
+model, tokenizers or the speculative loop; checkpoints are read and written by models/head_io.py.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-@dataclass(frozen=True)
-class HeadConfig:
-    hidden_size: int                      # H
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int                       # V, the target vocabulary
-    draft_vocab_size: int                 # V_d <= V
-    target_hidden_size: int               # H_t
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    max_position_embeddings: int = 2048
-    hidden_act: str = "silu"
-    num_aux: int = 3                      # aux feature blocks fused by fc (1 without aux states)
-    norm_before_residual: bool = False    # speculators/vLLM dialect: residual = hidden_norm(g)
-    fc_bias: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-
-    def __post_init__(self):
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}")
-        if self.draft_vocab_size > self.vocab_size:
-            raise ValueError(
-                f"draft_vocab_size={self.draft_vocab_size} > vocab_size={self.vocab_size}")
-
-    @property
-    def has_fc(self) -> bool:
-        """fc fuses the aux concat only when its width differs from H (EAGLE3.md section 2)."""
-        return self.num_aux * self.target_hidden_size != self.hidden_size
+from eagle_eval.models.head_config import HeadConfig  # noqa: F401  (re-exported: the head's config)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """NeoX-style RoPE partner: dims (i, i + d/2) rotate together (HF Llama, vLLM, SGLang default)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """GPT-J-style (interleaved) RoPE partner: dims (2i, 2i + 1) rotate together."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
 class DraftCache:
@@ -111,6 +82,7 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
         self.v_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.rotate = _rotate_pairs if cfg.rope_interleaved else _rotate_half
 
     def project(self, u: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """u [B, T, 2H] -> q [B, heads, T, d], k/v [B, kv_heads, T, d], RoPE applied."""
@@ -119,8 +91,8 @@ class _Attention(nn.Module):
         k = self.k_proj(u).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(u).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, d]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + self.rotate(q) * sin
+        k = k * cos + self.rotate(k) * sin
         return q, k, v
 
     def expand_kv(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +133,9 @@ class _MidLayer(nn.Module):
 class Eagle3Head(nn.Module):
     """Parameters named as SpecForge/SGLang name them (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`).
 
-    `embed_tokens` exists only when the checkpoint carries its own table (`with_embedding=True`).
+    `embed_tokens` exists only when the checkpoint carries its own table (`with_embedding=True`);
+    `input_norm` [k*H_t] only with `norm_before_fc`, `fc_norm.{i}` [H_t] only with `fc_norm`
+    (speculators / vLLM names; see models/head_config.py for the variants and where engines read them).
     """
 
     def __init__(self, cfg: HeadConfig, with_embedding: bool = False):
@@ -169,6 +143,10 @@ class Eagle3Head(nn.Module):
         self.config = cfg
         self.fc = (nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
                    if cfg.has_fc else None)
+        aux_width = cfg.num_aux * cfg.target_hidden_size
+        self.input_norm = _RMSNorm(aux_width, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(_RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux))
+                        if cfg.fc_norm else None)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if with_embedding else None
         self.midlayer = _MidLayer(cfg)
         self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -182,13 +160,24 @@ class Eagle3Head(nn.Module):
 
     # -- the per-token math of EAGLE3.md section 2 ---------------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
-        """aux [B, T, k*H_t] (target features, low -> high) -> g [B, T, H]."""
-        return self.fc(aux.to(self.lm_head.weight.dtype)) if self.fc is not None else aux
+        """aux [B, T, k*H_t] (target features, low -> high) -> g [B, T, H]; norm_before_fc normalises the
+        whole concat, fc_norm each H_t block, before fc."""
+        if self.fc is None:
+            return aux
+        aux = aux.to(self.lm_head.weight.dtype)
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
+        if self.fc_norm is not None:
+            blocks = aux.chunk(len(self.fc_norm), dim=-1)                        # k x [B, T, H_t]
+            aux = torch.cat([norm(b) for norm, b in zip(self.fc_norm, blocks)], dim=-1)
+        return self.fc(aux)
 
     def rope(self, positions: torch.Tensor):
-        """positions [B, T] -> cos, sin [B, T, head_dim]."""
+        """positions [B, T] -> cos, sin [B, T, head_dim] (frequency i on dims i and i + d/2, or on 2i and
+        2i + 1 when interleaved)."""
         freqs = positions[..., None].float() * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = (freqs.repeat_interleave(2, dim=-1) if self.config.rope_interleaved
+               else torch.cat((freqs, freqs), dim=-1))
         dtype = self.lm_head.weight.dtype
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
@@ -200,9 +189,11 @@ class Eagle3Head(nn.Module):
         return torch.cat([layer.input_layernorm(embeds), h_normed], dim=-1), residual
 
     def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """residual + attention -> out [B, T, H] (pre final norm; the next step's hidden input)."""
+        """residual + attention -> out [B, T, H], the next step's hidden input: pre final norm, or after it
+        with norm_output (EAGLE-3.1)."""
         s = residual + attn_out
-        return s + self.midlayer.mlp(self.midlayer.post_attention_layernorm(s))
+        out = s + self.midlayer.mlp(self.midlayer.post_attention_layernorm(s))
+        return self.norm(out) if self.config.norm_output else out
 
     def step(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              cache: DraftCache) -> torch.Tensor:
@@ -216,9 +207,14 @@ class Eagle3Head(nn.Module):
         mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
         return self.finish(residual, attn.attend(q, keys, values, mask))
 
+    def lm(self, out: torch.Tensor) -> torch.Tensor:
+        """out of `finish` [B, T, H] -> draft-vocab logits [B, T, V_d] in the head's dtype: lm_head(norm(.)),
+        the norm already applied by `finish` with norm_output."""
+        return self.lm_head(out if self.config.norm_output else self.norm(out))
+
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """out [B, T, H] -> draft-vocab logits [B, T, V_d] (float32)."""
-        return self.lm_head(self.norm(out)).float()
+        return self.lm(out).float()
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """draft vocab ids -> target vocab ids (target_id = draft_id + d2t[draft_id])."""

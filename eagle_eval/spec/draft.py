@@ -166,7 +166,7 @@ def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tenso
                 (probs[..., t:].unsqueeze(-1) * spec_v).sum(-2)
         ctx = attn.o_proj(ctx.transpose(1, 2).reshape(b, t, -1))
         out = head.finish(residual, ctx)
-        step = head.lm_head(head.norm(out))
+        step = head.lm(out)
         logits.append(head.to_target_ids(step.argmax(-1)) if argmax_only else step.float())
     return logits
 

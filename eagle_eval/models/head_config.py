@@ -1,0 +1,170 @@
+"""The draft head's shape and variant flags, and reading them from a head's config.json.
+
+Contract: `HeadConfig` is the frozen, validated description of one EAGLE-3 head (EAGLE3.md section 2)
+plus the variants the engines ship; `head_config_from_json` builds it from any dialect's config.json
+and `CONSUMED_KEYS` lists every key it reads (models/head_keys.py audits the rest). No torch here.
+
+| flag                  | what changes                                                  | engines |
+|-----------------------|---------------------------------------------------------------|---------|
+| `norm_before_residual`| residual = hidden_norm(g) instead of g                        | vLLM `llama_eagle3.py` `LlamaDecoderLayer._norm_before_residual`; speculators |
+| `norm_before_fc`      | g = fc(RMSNorm_{k*H_t}(a)), weight `input_norm.weight [k*H_t]` | vLLM PR #36545 (top level), #42143 (in `eagle_config`, NVIDIA gpt-oss exports); SGLang PR #32334; speculators `Eagle3DraftModel.__init__` (`input_norm`) |
+| `fc_norm` (EAGLE-3.1) | g = fc(concat(RMSNorm_i(a_i))), weights `fc_norm.{i}.weight [H_t]` | vLLM PR #42764; speculators `core.py` forward (`fc_norm` chunks); exclusive with `norm_before_fc` |
+| `norm_output` (EAGLE-3.1) | the next step's hidden input is norm(out), not out; logits = lm_head(norm(out)) as before | speculators `core.py` forward (`norm_output`); vLLM PR #46488; SpecForge PR #879 |
+| `rope_interleaved`    | GPT-J-style RoPE (pairs 2i, 2i+1) instead of NeoX halves       | SGLang `llama.py` `LlamaDecoderLayer.__init__` reads `rope_is_neox_style` (default True); vLLM's llama ignores the key |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle_eval.errors import UserError
+
+SPECFORGE, EAGLE, SPECULATORS = "specforge", "eagle", "speculators"
+
+
+class CheckpointError(UserError, ValueError):
+    """A draft checkpoint that cannot be read as an EAGLE-3 head; the message names file and key."""
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int                      # H
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int                       # V, the target vocabulary
+    draft_vocab_size: int                 # V_d <= V
+    target_hidden_size: int               # H_t
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    hidden_act: str = "silu"
+    num_aux: int = 3                      # aux feature blocks fused by fc (1 without aux states)
+    norm_before_residual: bool = False    # speculators/vLLM dialect: residual = hidden_norm(g)
+    fc_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    norm_before_fc: bool = False          # one RMSNorm over the aux concat [k*H_t] before fc (gpt-oss)
+    fc_norm: bool = False                 # EAGLE-3.1: one RMSNorm per aux block [H_t] before fc
+    norm_output: bool = False             # EAGLE-3.1: the recurrence carries norm(out)
+    rope_interleaved: bool = False        # GPT-J-style RoPE (SGLang rope_is_neox_style=false)
+
+    def __post_init__(self):
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} > vocab_size={self.vocab_size}")
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm exclude each other (speculators "
+                             "Eagle3SpeculatorConfig._check_norm_flags): one norm over the concat, or one per block")
+        if (self.norm_before_fc or self.fc_norm) and not self.has_fc:
+            raise ValueError("norm_before_fc / fc_norm need an fc layer (aux width k*H_t != H)")
+
+    @property
+    def has_fc(self) -> bool:
+        """fc fuses the aux concat only when its width differs from H (EAGLE3.md section 2)."""
+        return self.num_aux * self.target_hidden_size != self.hidden_size
+
+    def variant(self) -> dict:
+        """The settings that select among the head variants, for the report."""
+        return {"norm_before_residual": self.norm_before_residual, "norm_before_fc": self.norm_before_fc,
+                "fc_norm": self.fc_norm, "norm_output": self.norm_output,
+                "rope": "interleaved (GPT-J)" if self.rope_interleaved else "neox (halves)",
+                "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,
+                "fc_bias": self.fc_bias, "attention_bias": self.attention_bias, "mlp_bias": self.mlp_bias}
+
+
+# Keys head_config_from_json / load_head read, by section ("top", "layer" = the decoder-layer keys,
+# top level or speculators' transformer_layer_config, "eagle_config" = SGLang's nested dict).
+CONSUMED_KEYS = {
+    "top": {"architectures", "draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc",
+            "fc_norm", "norm_output", "eagle_aux_hidden_state_layer_ids", "eagle_config",
+            "transformer_layer_config", "speculators_config", "speculators_model_type"},
+    "layer": {"hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+              "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
+              "max_position_embeddings", "hidden_act", "attention_bias", "mlp_bias", "num_hidden_layers",
+              "rope_is_neox_style", "tie_word_embeddings", "model_type"},
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc",
+                     "fc_norm", "norm_output"},
+}
+
+
+def _need(cfg: dict, key: str, where: Path, default=None):
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if default is not None:
+        return default
+    raise CheckpointError(f"{where}: missing key {key!r} (needed to build the draft head)")
+
+
+def _flag(top: dict, eagle_cfg: dict, key: str, where: Path) -> bool:
+    """A variant flag read where the engines read it: nested eagle_config first (NVIDIA exports, vLLM
+    PR #42143), else the top level (speculators, vLLM `getattr(config, key)`); both must agree."""
+    nested, flat = eagle_cfg.get(key), top.get(key)
+    if nested is not None and flat is not None and bool(nested) != bool(flat):
+        raise CheckpointError(f"{where}: key {key!r} = {flat!r} at the top level but eagle_config.{key} = "
+                              f"{nested!r}: the engines read different values")
+    return bool(nested if nested is not None else flat)
+
+
+def _check_supported(layer: dict, where: Path) -> None:
+    """Values of consumed keys that select math this head does not implement."""
+    layers = layer.get("num_hidden_layers", 1)
+    if layers not in (None, 1):
+        raise CheckpointError(f"{where}: key 'num_hidden_layers' = {layers!r}; eagle-eval's head has one decoder "
+                              "layer (SGLang llama_eagle3.py LlamaModel adds BasicDecoderLayers for more)")
+    if layer.get("tie_word_embeddings"):
+        raise CheckpointError(f"{where}: key 'tie_word_embeddings' = true: SGLang (LlamaForCausalLMEagle3.__init__) "
+                              "then uses embed_tokens [V, H] as the draft lm_head; not supported")
+    model_type = layer.get("model_type", "llama")
+    if model_type not in ("llama", None):
+        raise CheckpointError(f"{where}: key 'model_type' = {model_type!r}; only Llama-style draft layers are "
+                              "supported (speculators model_definitions.py: qwen3 adds q/k norms; SGLang reads "
+                              "intermediate_size_mlp for llama4_text)")
+
+
+def head_config_from_json(config: dict, dialect: str, config_file: Path) -> HeadConfig:
+    """The head's shape and variant flags from config.json, for any dialect."""
+    layer = _need(config, "transformer_layer_config", config_file) if dialect == SPECULATORS else config
+    top = config
+    _check_supported(layer, config_file)
+    hidden = _need(layer, "hidden_size", config_file)
+    heads = _need(layer, "num_attention_heads", config_file)
+    rope = layer.get("rope_parameters") or {}
+    scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
+                                            if rope.get("rope_type", "default") != "default" else None)
+    eagle_cfg = top.get("eagle_config") or {}
+    vocab = _need(layer, "vocab_size", config_file)
+    settings = dict(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=layer.get("num_key_value_heads") or heads,
+        head_dim=layer.get("head_dim") or hidden // heads,
+        intermediate_size=_need(layer, "intermediate_size", config_file),
+        vocab_size=vocab,
+        draft_vocab_size=top.get("draft_vocab_size") or vocab,
+        target_hidden_size=top.get("target_hidden_size") or hidden,
+        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+        rope_theta=float(layer.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        rope_scaling=scaling,
+        max_position_embeddings=layer.get("max_position_embeddings", 2048),
+        hidden_act=layer.get("hidden_act", "silu"),
+        num_aux=3 if eagle_cfg.get("use_aux_hidden_state", True) else 1,
+        norm_before_residual=bool(top.get("norm_before_residual", False)),
+        attention_bias=bool(layer.get("attention_bias", False)),
+        mlp_bias=bool(layer.get("mlp_bias", False)),
+        norm_before_fc=_flag(top, eagle_cfg, "norm_before_fc", config_file),
+        fc_norm=_flag(top, eagle_cfg, "fc_norm", config_file),
+        norm_output=_flag(top, eagle_cfg, "norm_output", config_file),
+        rope_interleaved=layer.get("rope_is_neox_style", True) is False,
+    )
+    try:
+        return HeadConfig(**settings)
+    except ValueError as exc:
+        raise CheckpointError(f"{config_file}: {exc}") from exc
