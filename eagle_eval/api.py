@@ -146,7 +146,8 @@ def load_oracle(config: RunConfig) -> Oracle:
     dtype = _resolve_dtype(config.dtype)
     target, tokenizer = load_target(config.target, dtype=dtype, device_map=config.device_map,
                                     max_memory=config.max_memory, trust_remote_code=config.trust_remote_code)
-    loaded = load_head(config.draft)
+    loaded = load_head(config.draft, allow_unknown_keys=config.allow_unknown_head_keys)
+    notes += loaded.key_notes
     head = loaded.head
     if head.config.vocab_size != target.info.vocab_size:
         raise ConfigError(f"{loaded.path}/config.json: vocab_size={head.config.vocab_size} but the target "
@@ -188,7 +189,8 @@ def load_oracle(config: RunConfig) -> Oracle:
                       "d2t_identity": d2t_identity},
         "head": {"path": loaded.path, "dialect": loaded.dialect, "weights": loaded.weights_file,
                  "norm_before_residual": head.config.norm_before_residual,
-                 "rope_theta": head.config.rope_theta, "rope_scaling": head.config.rope_scaling},
+                 "rope_theta": head.config.rope_theta, "rope_scaling": head.config.rope_scaling,
+                 "variant": head.config.variant(), "keys": loaded.key_audit.as_dict()},
         "target": {**target.info.__dict__, "devices": list(target.info.devices)},
         "draft_device": str(draft_device),
         "dtype": dtype,

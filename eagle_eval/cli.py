@@ -10,6 +10,7 @@ import sys
 import click
 
 from eagle_eval.config import (
+    AUX_CONVENTIONS,
     BUNDLED_DRAFT,
     BUNDLED_PROMPTS,
     BUNDLED_TARGET,
@@ -41,8 +42,10 @@ def model_options(f):
         click.option("--train-acc", default=None,
                      help="The head's training-time validation accuracy per draft step, acc_1,acc_2,... (SpecForge "
                           "acc_k); default: the head folder's training_metrics.json. Set beside the measured rates."),
-        click.option("--aux-convention", type=click.Choice(["sglang", "vllm", "hf"]), default="sglang",
-                     show_default=True, help="sglang: output of layer k; vllm: input of layer k; hf: HF index."),
+        click.option("--aux-convention", type=click.Choice(AUX_CONVENTIONS), default="sglang",
+                     show_default=True, help="sglang: output of layer k; vllm: input of layer k; hf: HF index; "
+                     "boundary: state after k blocks, N = last layer's output before the final norm (gpt-oss "
+                     "heads; without --aux-layers the draft config's ids are read this way)."),
         click.option("--draft-embedding", type=click.Choice(EMBEDDING_CHOICES), default="auto", show_default=True,
                      help="auto: the draft's own table if it has one that differs (vLLM); target: SGLang's rule."),
         click.option("--dtype", type=click.Choice(DTYPE_CHOICES), default="auto", show_default=True,
@@ -52,6 +55,9 @@ def model_options(f):
         click.option("--trust-remote-code", is_flag=True, default=False),
         click.option("--overwrite", is_flag=True, default=False,
                      help="Replace the results already in --output-dir (their files are removed first)."),
+        click.option("--allow-unknown-head-keys", is_flag=True, default=False,
+                     help="Proceed when the head's config.json has keys that change the draft's math in an engine "
+                          "but are not implemented here (named in the error)."),
         click.option("--limit", type=int, default=None,
                      help="Evaluate the first N questions only (after --categories and --shuffle-seed)."),
         click.option("--position-offset", type=click.IntRange(0, 1), default=0, show_default=True,

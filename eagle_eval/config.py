@@ -17,6 +17,7 @@ BUNDLED_DRAFT = REPO_ROOT / "checkpoints" / "draft"
 BUNDLED_PROMPTS = REPO_ROOT / "data" / "prompts.jsonl"
 
 EMBEDDING_CHOICES = ("auto", "target", "own")
+AUX_CONVENTIONS = ("sglang", "vllm", "hf", "boundary")    # models/capture.py CONVENTIONS
 DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
 # dataset readers (eagle_eval/datasets.py); "prompts" is the plain prompt JSONL of --prompts
 DATASET_FORMATS = ("mt_bench", "spec_bench", "gsm8k", "humaneval", "alpaca", "sharegpt", "prompts")
@@ -42,6 +43,7 @@ class RunConfig:
     device_map: str = "auto"
     max_memory: str | None = None
     trust_remote_code: bool = False
+    allow_unknown_head_keys: bool = False    # proceed past head config keys that change an engine's math
     check_lossless: bool = False
     limit: int | None = None                 # evaluate the first N questions only (after categories, shuffle)
     position_offset: int = 0                 # 1 = SGLang's draft positions before PR #25015
@@ -71,8 +73,8 @@ class RunConfig:
             raise ConfigError(f"--num-draft-tokens must be >= 2 (root + one draft), got {self.num_draft_tokens}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.aux_convention not in ("sglang", "vllm", "hf"):
-            raise ConfigError(f"--aux-convention must be sglang, vllm or hf, got {self.aux_convention!r}")
+        if self.aux_convention not in AUX_CONVENTIONS:
+            raise ConfigError(f"--aux-convention must be one of {AUX_CONVENTIONS}, got {self.aux_convention!r}")
         if self.draft_embedding not in EMBEDDING_CHOICES:
             raise ConfigError(f"--draft-embedding must be one of {EMBEDDING_CHOICES}, got {self.draft_embedding!r}")
         if self.dtype not in DTYPE_CHOICES:

@@ -9,9 +9,18 @@ decoder layer i, 0 = embedding output). Conventions:
 | `sglang`   | output of layer k       | k + 1 (-1 = embedding output, HF[0]) |
 | `vllm`     | input of layer k        | k        |
 | `hf`       | output_hidden_states[k] | k        |
+| `boundary` | state after k blocks, 0..N | k; k = N is the last layer's output BEFORE the final norm |
 
-`FeatureCapture` hooks the inputs of the decoder layers (`model.model.layers[i]`), so no modeling
-code is forked and any decoder stack transformers exposes that way works.
+`boundary` ids (gpt-oss-style, e.g. nvidia/gpt-oss-120b-Eagle3-v3's [24, 30, 36] for 36 blocks) are the
+hidden-state boundaries: k < N is HF[k], and k = N is the output of L_{N-1} before the final norm, which
+HF's output_hidden_states[N] is not (HF[N] is after it). SGLang PR #32334 reads gpt-oss EAGLE-3 ids this
+way; vLLM's `EagleModelMixin._maybe_add_hidden_state` (PR #36063) captures id N as the final pre-norm
+state (PR #46788 for DeepSeek). Internally index N means that pre-norm state; only `boundary` ids may
+name it. With `boundary` and no explicit ids, the draft config's ids are read as boundaries.
+
+`FeatureCapture` hooks the inputs of the decoder layers (`model.model.layers[i]`), and the output of the
+last layer for index N, so no modeling code is forked and any decoder stack transformers exposes that
+way works.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import torch
 
 from eagle_eval.errors import UserError
 
-CONVENTIONS = ("sglang", "vllm", "hf")
+CONVENTIONS = ("sglang", "vllm", "hf", "boundary")
 
 
 class AuxLayerError(UserError, ValueError):
@@ -31,9 +40,18 @@ class AuxLayerError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class AuxLayers:
-    hf: tuple[int, ...]          # HF indices, ascending (the engines concatenate low -> high)
+    hf: tuple[int, ...]          # HF indices, ascending (the engines concatenate low -> high); N = final pre-norm
     num_layers: int              # N, decoder layers of the target
     source: str                  # where the ids came from, for the report
+
+    @property
+    def boundary(self) -> list[int]:
+        return list(self.hf)
+
+    @property
+    def final_prenorm(self) -> bool:
+        """True when the last layer's output before the final norm (boundary N) is tapped."""
+        return self.num_layers in self.hf
 
     @property
     def sglang(self) -> list[int]:
@@ -44,7 +62,8 @@ class AuxLayers:
         return list(self.hf)
 
     def as_dict(self) -> dict:
-        return {"hf": list(self.hf), "sglang": self.sglang, "vllm": self.vllm, "source": self.source}
+        return {"hf": list(self.hf), "sglang": self.sglang, "vllm": self.vllm, "boundary": self.boundary,
+                "final_prenorm": self.final_prenorm, "source": self.source}
 
 
 def to_hf(ids, convention: str) -> list[int]:
@@ -68,36 +87,52 @@ def default_hf_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
+def _from_config(config_sglang_ids, config_vllm_ids, boundary: bool) -> tuple[list[int], str]:
+    """HF indices and source from the draft config's ids (nested read SGLang-style, top level vLLM-style,
+    both must agree; with `boundary`, the ids present are read as boundaries, nested first)."""
+    if boundary:
+        nested = config_sglang_ids is not None
+        ids = config_sglang_ids if nested else config_vllm_ids
+        where = "eagle_config" if nested else "top level"
+        return to_hf(ids, "boundary"), f"draft config {where} read as boundary ids {list(ids)}"
+    from_sglang = to_hf(config_sglang_ids, "sglang") if config_sglang_ids is not None else None
+    from_vllm = to_hf(config_vllm_ids, "vllm") if config_vllm_ids is not None else None
+    if from_sglang is not None and from_vllm is not None and sorted(from_sglang) != sorted(from_vllm):
+        raise AuxLayerError(
+            f"draft config disagrees with itself: eagle_config.eagle_aux_hidden_state_layer_ids="
+            f"{list(config_sglang_ids)} (SGLang-style, HF {sorted(from_sglang)}) but top-level "
+            f"eagle_aux_hidden_state_layer_ids={list(config_vllm_ids)} (vLLM-style, HF {sorted(from_vllm)})")
+    if from_sglang is not None:
+        return from_sglang, f"draft config eagle_config (sglang ids {list(config_sglang_ids)})"
+    return from_vllm, f"draft config top level (vllm ids {list(config_vllm_ids)})"
+
+
 def resolve_aux_layers(num_layers: int, num_aux: int = 3, cli_ids=None, cli_convention: str = "sglang",
                        config_sglang_ids=None, config_vllm_ids=None) -> AuxLayers:
     """Decide which HF indices feed the draft: CLI ids, else the draft config, else the default.
 
     config_sglang_ids: nested `eagle_config.eagle_aux_hidden_state_layer_ids` (read SGLang-style);
     config_vllm_ids: top-level `eagle_aux_hidden_state_layer_ids` (read vLLM-style). When both are
-    present they must name the same tensors.
+    present they must name the same tensors. `cli_convention="boundary"` without `cli_ids` reads the
+    config's ids as boundaries; only boundary ids may name index N (the final pre-norm state).
     """
+    boundary = cli_convention == "boundary"
     if cli_ids is not None:
         hf, source = to_hf(cli_ids, cli_convention), f"command line ({cli_convention} ids {list(cli_ids)})"
     elif config_sglang_ids is not None or config_vllm_ids is not None:
-        from_sglang = to_hf(config_sglang_ids, "sglang") if config_sglang_ids is not None else None
-        from_vllm = to_hf(config_vllm_ids, "vllm") if config_vllm_ids is not None else None
-        if from_sglang is not None and from_vllm is not None and sorted(from_sglang) != sorted(from_vllm):
-            raise AuxLayerError(
-                f"draft config disagrees with itself: eagle_config.eagle_aux_hidden_state_layer_ids="
-                f"{list(config_sglang_ids)} (SGLang-style, HF {sorted(from_sglang)}) but top-level "
-                f"eagle_aux_hidden_state_layer_ids={list(config_vllm_ids)} (vLLM-style, HF {sorted(from_vllm)})")
-        if from_sglang is not None:
-            hf, source = from_sglang, f"draft config eagle_config (sglang ids {list(config_sglang_ids)})"
-        else:
-            hf, source = from_vllm, f"draft config top level (vllm ids {list(config_vllm_ids)})"
+        hf, source = _from_config(config_sglang_ids, config_vllm_ids, boundary)
     else:
+        boundary = False
         hf, source = default_hf_layers(num_layers), "default HF[2], HF[N//2], HF[N-3]"
-    out_of_range = [i for i in hf if not 0 <= i < num_layers]
+    top = num_layers if boundary else num_layers - 1
+    out_of_range = [i for i in hf if not 0 <= i <= top]
     if out_of_range:
         raise AuxLayerError(
             f"aux layers {hf} (HF indices, from {source}) out of range for a target with "
             f"{num_layers} layers: valid HF indices are 0..{num_layers - 1} "
-            f"(SGLang ids -1..{num_layers - 2}, vLLM ids 0..{num_layers - 1})")
+            f"(SGLang ids -1..{num_layers - 2}, vLLM ids 0..{num_layers - 1}, boundary ids 0..{num_layers}, "
+            f"where boundary {num_layers} is the last layer's output before the final norm: "
+            "--aux-convention boundary)")
     if len(set(hf)) != len(hf):
         raise AuxLayerError(f"aux layers {hf} (HF indices, from {source}) collide: each tensor must be "
                             f"distinct (a target with {num_layers} layers is too shallow for these ids)")
@@ -108,7 +143,8 @@ def resolve_aux_layers(num_layers: int, num_aux: int = 3, cli_ids=None, cli_conv
 
 
 class FeatureCapture:
-    """Forward pre-hooks on the decoder layers that keep the inputs at the chosen HF indices.
+    """Forward pre-hooks on the decoder layers that keep the inputs at the chosen HF indices; index
+    N = len(layers) is a forward hook on the last layer keeping its output (before the final norm).
 
     Usage: `with FeatureCapture(layers, aux.hf, device) as cap: model(...); feats = cap.pop()`;
     `pop()` returns [B, T, k*H_t] on `device`, blocks in ascending HF order.
@@ -125,9 +161,17 @@ class FeatureCapture:
             self._store[index] = hidden.detach()
         return hook
 
+    def _output_hook(self, index):
+        def hook(module, args, output):
+            self._store[index] = (output[0] if isinstance(output, (tuple, list)) else output).detach()
+        return hook
+
     def __enter__(self):
+        n = len(self.layers)
         for i in self.hf:
-            self._handles.append(self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
+            handle = (self.layers[n - 1].register_forward_hook(self._output_hook(i)) if i == n else
+                      self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
+            self._handles.append(handle)
         return self
 
     def __exit__(self, *exc):

@@ -188,6 +188,29 @@ def _eagle_params(cfg: dict) -> str:
             f"({e['conversion']})")
 
 
+def _boundary(aux: dict, num_layers: int) -> str:
+    """' = boundary ids [...]', and what index N means when it is tapped."""
+    if "boundary" not in aux:
+        return ""
+    note = (f" (HF index {num_layers} here = output of layer {num_layers - 1} BEFORE the final norm, "
+            f"not output_hidden_states[{num_layers}])" if aux.get("final_prenorm") else "")
+    return f"  = boundary ids {aux['boundary']}{note}"
+
+
+def _variant_lines(head: dict) -> list[str]:
+    """The head's variant settings and its config-key audit, as report lines."""
+    v, keys = head.get("variant"), head.get("keys")
+    if not v:
+        return []
+    flags = ", ".join(f"{k}={v[k]}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
+    scaling = (v["rope_scaling"] or {}).get("rope_type", (v["rope_scaling"] or {}).get("type", "none"))
+    lines = [f"head        {flags}; rope {v['rope']} theta {v['rope_theta']:g} scaling {scaling}"]
+    if keys:
+        lines.append(f"head keys   {len(keys['consumed'])} consumed, {len(keys['harmless'])} ignored as harmless, "
+                     f"{len(keys['engine_math'])} engine-math (allowed), unknown {keys['unknown'] or 'none'}")
+    return lines
+
+
 def render_table(report: dict) -> str:
     cfg, s = report["config"], report["summary"]
     aux = cfg["aux_layers"]
@@ -196,8 +219,10 @@ def render_table(report: dict) -> str:
         f"{cfg['dtype']}, {', '.join(cfg['target']['devices'])})",
         *([f"quant   {cfg['target']['quantization']['summary']}"] if cfg['target'].get('quantization') else []),
         f"draft   {cfg['head']['path']}  ({cfg['head']['dialect']} layout)",
-        f"aux layers  HF {aux['hf']}  = SGLang ids {aux['sglang']}  = vLLM ids {aux['vllm']}  [{aux['source']}]",
+        f"aux layers  HF {aux['hf']}  = SGLang ids {aux['sglang']}  = vLLM ids {aux['vllm']}"
+        f"{_boundary(aux, cfg['target']['num_layers'])}  [{aux['source']}]",
         *render_engine_taps(aux),
+        *_variant_lines(cfg["head"]),
         f"embedding   {cfg['embedding']}",
         f"vocab map   draft {cfg['vocab_map']['draft_vocab_size']} / target {cfg['vocab_map']['vocab_size']}, "
         f"d2t {cfg['vocab_map']['d2t']}{' (identity)' if cfg['vocab_map']['d2t_identity'] else ''}",
@@ -236,7 +261,8 @@ def render_steps_table(profile_report: dict) -> str:
     sections = sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0]))
     k = int(sections[-1][0])
     aux = profile_report["config"]["aux_layers"]
-    lines = [f"aux layers HF {aux['hf']} = SGLang ids {aux['sglang']} = vLLM ids {aux['vllm']}; "
+    lines = [f"aux layers HF {aux['hf']} = SGLang ids {aux['sglang']} = vLLM ids {aux['vllm']}"
+             f"{_boundary(aux, profile_report['config']['target']['num_layers'])}; "
              f"embedding {profile_report['config']['embedding']}",
              " S    cycles    tau    " + "  ".join(f"u_{i:<3}" for i in range(1, k + 1))]
     trained = "training_prediction" in sections[0][1]
