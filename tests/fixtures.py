@@ -94,9 +94,12 @@ def write_prompts(path: Path, n: int = 4, length: int = 6, seed: int = 0) -> Pat
 
 
 def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2, 4, 5), steps: int = 150,
-               num_steps: int = 3, new_tokens: int = 40, seed: int = 0, draft_vocab: int = VOCAB) -> Path:
+               num_steps: int = 3, new_tokens: int = 40, seed: int = 0, draft_vocab: int = VOCAB,
+               head_kw: dict | None = None, dialect: str = "specforge") -> Path:
     """A small head trained (seconds, CPU) on the tiny target's own greedy continuations of the
-    prompts, so that acceptance is far from 0 and from 1 and falls by position."""
+    prompts, so that acceptance is far from 0 and from 1 and falls by position. `head_kw`: HeadConfig
+    variant settings; an aux index N (boundary convention) is the final norm's input, HF[N] is not, and
+    then no ids are written to the config (pass them with --aux-convention boundary)."""
     from transformers import AutoModelForCausalLM
 
     from eagle_eval.models.head_io import save_head
@@ -113,13 +116,18 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
                 nxt = model(ids).logits[:, -1].argmax(-1, keepdim=True)
                 ids = torch.cat([ids, nxt], dim=1)
         seqs.append(ids)
-    head = Eagle3Head(head_config(draft_vocab=draft_vocab))
+    head = Eagle3Head(head_config(draft_vocab=draft_vocab, **(head_kw or {})))
+    n = model.config.num_hidden_layers
+    prenorm = []
+    model.model.norm.register_forward_pre_hook(lambda module, args: prenorm.append(args[0]))
     opt = torch.optim.Adam(head.parameters(), lr=3e-3)
     data = []
     with torch.no_grad():
         for ids in seqs:
+            prenorm.clear()
             out = model(ids, output_hidden_states=True)
-            aux = torch.cat([out.hidden_states[i] for i in aux_hf], dim=-1)[:, :-1]
+            states = list(out.hidden_states[:n]) + prenorm           # index n: before the final norm
+            aux = torch.cat([states[i] for i in aux_hf], dim=-1)[:, :-1]
             labels = out.logits.argmax(-1)[:, 1:]                 # y[q] = argmax after x_{q+1} ~ x_{q+2}
             data.append((aux, model.get_input_embeddings()(ids[:, 1:]), labels))
     for _ in range(steps):
@@ -130,7 +138,8 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
         opt.zero_grad()
         loss.backward()
         opt.step()
-    save_head(head, head_path, aux_layer_ids_sglang=[i - 1 for i in aux_hf])
+    ids = None if n in aux_hf else [i - 1 for i in aux_hf]
+    save_head(head, head_path, aux_layer_ids_sglang=ids, dialect=dialect)
     return head_path
 
 
