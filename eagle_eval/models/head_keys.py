@@ -27,6 +27,7 @@ HARMLESS = {
     "transformers_version": "the writer's transformers version",
     "speculators_version": "the writer's speculators version",
     "_name_or_path": "where the writer loaded the config from",
+    "model_type": "config class name at the speculators top level ('speculators'); the decoder layer's is checked",
     "bos_token_id": "tokenizer id; the target's tokenizer decides",
     "eos_token_id": "tokenizer id; the target's generation config and tokenizer decide EOS",
     "pad_token_id": "tokenizer id, padding only",
@@ -142,6 +143,6 @@ def check_keys(audit: KeyAudit, config_file: Path, allow_unknown: bool = False) 
         raise HeadKeyError(f"{config_file}: key(s) that change the draft's math in an engine but are not "
                            f"implemented by eagle-eval: {listed}. Pass --allow-unknown-head-keys to proceed anyway")
     if audit.unknown:
-        notes.append(f"{config_file}: unknown key(s) {audit.unknown}: not read by eagle-eval (no engine loader "
-                     "known to read them changes the math with them)")
+        notes.append(f"{config_file}: unknown key(s) {audit.unknown}: not read by eagle-eval, and not among the "
+                     "keys SGLang, vLLM or speculators are known to read for the draft's math")
     return notes
