@@ -340,12 +340,13 @@ def server_check_command(**kw):
 @click.option("--sweep/--no-sweep", default=True, show_default=True, help="Profile aux-layer candidates.")
 @click.option("--template-check/--no-template-check", default=True, show_default=True,
               help="Compare acceptance with the tokenizer's template, raw prompts and --chat-template.")
-@click.option("--prompt-budget", type=int, default=8, show_default=True,
-              help="Questions profiled per candidate when --limit is not given.")
+@click.option("--prompt-budget", type=int, default=64, show_default=True,
+              help="The most questions profiled: looks at 8, 16, 32, ... prompts, stopping at the first that decides.")
 @click.option("--output-dir", default=None, help="Write diagnosis.json here.")
 def diagnose_command(**kw):
     """Find train/serve mismatches: load-time checks, aux-layer sweep, training-dump match, chat template.
-    Exit 0 = nothing wrong, 1 = a mismatch or an error-level finding, 2 = bad input."""
+    Exit 0 = consistent (nothing wrong), 1 = a mismatch, an error-level finding or a check that could not
+    decide (inconclusive), 2 = bad input."""
     from eagle_eval.diagnose.run import DiagnoseConfig, diagnose, render_diagnosis
 
     run_check(kw, DiagnoseConfig, diagnose, render_diagnosis, "diagnosis.json")

@@ -82,3 +82,58 @@ def test_alt_head_collapses_with_the_deployment_bug_layers_and_diagnose_names_it
     assert diag["configured_aux_layers"]["sglang"] == [-1, 0, 3]
     assert diag["recommended_aux_layers"]["sglang"] == [0, 3, 6]
     assert any(f["severity"] == "error" and "mismatch" in f["code"] for f in diag["findings"]), diag["findings"]
+
+
+def _diagnose_cli(tmp_path, *args):
+    res = CliRunner().invoke(main, ["diagnose", "--no-template-check", "--output-dir", str(tmp_path), *args])
+    return res, json.loads((tmp_path / "diagnosis.json").read_text())
+
+
+def test_diagnose_decides_a_moderate_mismatch_within_the_default_budget(tmp_path):
+    """The bundled draft (trained on SGLang ids [1, 3, 4]) fed [-1, 2, 3]: the lowest tap at the embedding
+    output, the others one layer low. The loop's tau falls by about 0.5; 8 prompts do not decide it (the
+    old max(0.1, 3 SE) rule called it ok there), so diagnose takes more prompts from the workload and
+    reaches the mismatch within its default budget, naming the trained layers."""
+    res, diag = _diagnose_cli(tmp_path, "--aux-layers", "-1,2,3")
+    assert res.exit_code == 1, res.output
+    sweep = diag["sweep"]
+    assert sweep["looks"][0] == {"prompts": 8, "verdict": "inconclusive"}
+    assert sweep["verdict"] == "mismatch" and 8 < sweep["decided_on"] <= 32
+    assert diag["recommended_aux_layers"]["sglang"] == [1, 3, 4]
+    top, conf = sweep["rows"][0], next(r for r in sweep["rows"] if r["status"] == "configured")
+    assert top["hf"] == [2, 4, 5] and top["status"] == "better" and top["delta_lower"] > 0
+    assert 0.3 <= top["tau"] - conf["tau"] <= 0.8, (top["tau"], conf["tau"])       # a moderate effect
+    found = next(f for f in diag["findings"] if f["code"] == "aux-layer-mismatch")
+    assert f"decided on {sweep['decided_on']} prompt(s)" in found["message"] and "[1, 3, 4]" in found["message"]
+
+
+def test_diagnose_tiny_budget_is_inconclusive_never_ok(tmp_path):
+    res, diag = _diagnose_cli(tmp_path, "--aux-layers", "-1,2,3", "--prompt-budget", "2")
+    assert res.exit_code == 1, res.output
+    codes = {f["code"]: f for f in diag["findings"]}
+    assert "aux-layers-consistent" not in codes and "aux-layer-mismatch" not in codes
+    found = codes["aux-layers-inconclusive"]
+    assert found["severity"] == "undecided" and "--prompt-budget" in found["message"]
+    assert diag["sweep"]["verdict"] == "inconclusive" and diag["sweep"]["decided_on"] is None
+    assert "UNDECIDED aux-layers-inconclusive" in res.output
+    assert diag["recommended_aux_layers"] == diag["configured_aux_layers"]     # nothing recommended blindly
+
+
+def test_diagnose_correct_head_is_consistent_over_shuffles():
+    """Both bundled heads on their own layers, the workload shuffled 3 ways each: consistent every time.
+    The stated false-mismatch rate is alpha = 0.05 per run; 6 runs exceed 1 false alarm with p = 0.033."""
+    from dataclasses import replace
+
+    from eagle_eval.diagnose import decide
+    from eagle_eval.diagnose.run import DiagnoseConfig, diagnose
+
+    verdicts = []
+    for draft in (BUNDLED_DRAFT, REPO_ROOT / "checkpoints" / "draft-alt"):
+        run = RunConfig(draft=str(draft), max_new_tokens=32)
+        oracle = api.load_oracle(run)
+        for seed in range(3):
+            res = diagnose(replace(run, shuffle_seed=seed), DiagnoseConfig(template_check=False), oracle=oracle)
+            verdicts.append((res.report["sweep"]["verdict"], res.exit_status))
+    assert decide.ALPHA == 0.05
+    assert sum(v == "mismatch" for v, _ in verdicts) <= 1, verdicts
+    assert verdicts == [("consistent", 0)] * 6, verdicts

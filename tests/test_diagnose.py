@@ -214,7 +214,7 @@ def test_cli_exit_status_and_diagnosis_json(alt, dump_files, tmp_path):
 
     right = _cli(alt, "--draft", str(alt["head"]), "--train-dump", str(dump_files["specforge"]))
     assert right.exit_code == 0, right.output
-    assert "aux-layers-ok" in right.output and "dump-layers-match" in right.output
+    assert "aux-layers-consistent" in right.output and "dump-layers-match" in right.output
 
     missing = _cli(alt, "--draft", str(alt["head"]), "--train-dump", str(tmp_path / "nope.ckpt"), "--no-sweep")
     assert missing.exit_code == 2 and "no such file or folder" in missing.output
@@ -247,7 +247,7 @@ def test_chat_template_check(alt, tmp_path):
     assert [r["variant"] for r in rows] == ["the tokenizer's chat template (configured)",
                                             "raw prompts (--no-chat-template)"]
     assert all(r["tau"] >= 1 for r in rows) and "delta_vs_configured" in rows[1]
-    assert {"chat-template", "chat-template-mismatch"} & set(codes(res.findings))
+    assert {"chat-template-consistent", "chat-template-mismatch", "chat-template-inconclusive"} & set(codes(res.findings))
 
 
 def test_own_embedding_table_compared_with_the_targets():

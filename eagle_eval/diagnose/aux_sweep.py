@@ -3,21 +3,21 @@
 Contract: `candidates` lists the layer sets to try (the configured one first, then the draft
 config's ids when --aux-layers overrides them, a training dump's layers, every id +1 and -1 (the ids
 read in the other convention), the embedding output HF[0] in place of the lowest, and the engine
-defaults HF[2], HF[N//2], HF[N-3] and those +-1). `run_sweep` profiles each one with the target
-already loaded (only `Speculator.aux_hf` changes) on the same greedy continuations. The statistics
-are pure functions over per-prompt counts: tau is a ratio estimator (emitted / cycles); its standard
-error and the SE of a paired difference between two candidates come from the delta method with
-prompts as clusters. An alternative "clearly" beats the configured set when its tau is higher by more
-than max(0.1, 3 SE of the paired difference).
+defaults HF[2], HF[N//2], HF[N-3] and those +-1). `measure` profiles each one on one round of
+prompts with the target already loaded (only `Speculator.aux_hf` changes), all on the same greedy
+continuations, and returns per prompt both the loop's (emitted, cycles) and the teacher-forced
+acceptance at every position (`decide.position_counts`). The decision (`decide.sequential` over
+the position counts) is made by the caller; `sweep_rows` and `sweep_findings` turn it into the
+ranked table (cycle tau kept beside tau_pos) and one finding: aux-layer-mismatch (error),
+aux-layers-consistent (info) or aux-layers-inconclusive (undecided: exit 1).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-CLEAR_MIN_DELTA = 0.1
-CLEAR_SE = 3.0
+from eagle_eval.diagnose import decide
+from eagle_eval.results.findings import Finding, error, info, undecided, warning
 
 
 @dataclass(frozen=True)
@@ -66,97 +66,116 @@ def prompt_counts(accepted_per_prompt: list[list[int]]) -> list[tuple[int, int]]
     return [(sum(a) + len(a), len(a)) for a in accepted_per_prompt]
 
 
-def tau_se(counts: list[tuple[int, int]]) -> tuple[float, float]:
-    """tau = sum(emitted) / sum(cycles) and its cluster (per-prompt) delta-method SE.
-
-    >>> tau, se = tau_se([(6, 3), (4, 1)]); round(tau, 3), round(se, 3)
-    (2.5, 0.75)
-    """
-    total_e, total_c = sum(e for e, _ in counts), sum(c for _, c in counts)
-    if total_c == 0:
-        return float("nan"), float("nan")
-    tau = total_e / total_c
-    n = len(counts)
-    if n < 2:
-        return tau, float("nan")
-    resid = sum((e - tau * c) ** 2 for e, c in counts)
-    return tau, math.sqrt(n / (n - 1) * resid) / total_c
-
-
-def paired_delta(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> tuple[float, float]:
-    """tau(a) - tau(b) over the same prompts, and its SE (per-prompt linearised differences).
-
-    >>> d, se = paired_delta([(6, 3), (4, 1)], [(3, 3), (1, 1)]); round(d, 3), round(se, 3)
-    (1.5, 0.75)
-    """
-    ta, _ = tau_se(a)
-    tb, _ = tau_se(b)
-    ca, cb = sum(c for _, c in a), sum(c for _, c in b)
-    n = len(a)
-    if n < 2 or not ca or not cb:
-        return ta - tb, float("nan")
-    resid = [(ea - ta * xa) / ca - (eb - tb * xb) / cb for (ea, xa), (eb, xb) in zip(a, b)]
-    return ta - tb, math.sqrt(n / (n - 1) * sum(r * r for r in resid))
-
-
-def clearly_better(delta: float, se: float) -> bool:
-    """delta > max(0.1, 3 se); a NaN se (one prompt) counts as 0.
-
-    >>> clearly_better(0.5, 0.1), clearly_better(0.25, 0.1), clearly_better(0.05, 0.001)
-    (True, False, False)
-    """
-    threshold = max(CLEAR_MIN_DELTA, CLEAR_SE * (se if se == se else 0.0))
-    return delta > threshold
-
-
 @dataclass
 class SweepRow:
     candidate: Candidate
-    counts: list[tuple[int, int]]
-    tau: float
-    se: float
-    delta: float = 0.0               # vs the configured candidate
-    delta_se: float = 0.0
-    clearly_better: bool = False
+    index: int                             # position in the candidate list (0 = configured)
+    cycles: list[tuple[int, int]]          # per prompt: (emitted, cycles) of the simulated loop
+    positions: list[tuple[int, int]]       # per prompt: decide.position_counts
+    bound: decide.Bound | None = None      # gain over the configured set (None: the configured row)
     rank: int = 0
+
+    @property
+    def tau(self) -> float:
+        return decide.tau_se(self.cycles)[0]
+
+    @property
+    def tau_pos(self) -> float:
+        return decide.tau_se(self.positions)[0]
+
+    @property
+    def status(self) -> str:
+        if self.bound is None:
+            return "configured"
+        return "better" if self.bound.better else "bounded" if self.bound.bounded else "open"
 
     def as_dict(self) -> dict:
         hf = list(self.candidate.hf)
+        tau, se = decide.tau_se(self.cycles)
+        tau_pos, se_pos = decide.tau_se(self.positions)
+        b = self.bound or decide.Bound(0.0, 0.0, 0.0, 0.0)
         return {"rank": self.rank, "label": self.candidate.label, "hf": hf, "sglang": [i - 1 for i in hf],
-                "vllm": hf, "tau": self.tau, "se": self.se, "cycles": sum(c for _, c in self.counts),
-                "delta_vs_configured": self.delta, "delta_se": self.delta_se,
-                "clearly_better": self.clearly_better}
+                "vllm": hf, "tau": tau, "se": se, "cycles": sum(c for _, c in self.cycles),
+                "tau_pos": tau_pos, "se_pos": se_pos, "positions": sum(c for _, c in self.positions),
+                "delta_vs_configured": b.delta, "delta_se": b.se, "delta_lower": b.lower, "delta_upper": b.upper,
+                "status": self.status, "clearly_better": self.status == "better"}
 
 
-def rank_rows(rows: list[SweepRow]) -> list[SweepRow]:
-    """Fill delta vs rows[0] (the configured set) and rank by tau, ties in candidate order."""
-    base = rows[0]
-    for r in rows[1:]:
-        r.delta, r.delta_se = paired_delta(r.counts, base.counts)
-        r.clearly_better = clearly_better(r.delta, r.delta_se)
-    ranked = sorted(rows, key=lambda r: (-round(r.tau, 9), rows.index(r)))
-    for i, r in enumerate(ranked, 1):
-        r.rank = i
-    return ranked
-
-
-def run_sweep(oracle, pcfg, cands: list[Candidate], progress: bool = False) -> list[SweepRow]:
-    """Profile every candidate with `oracle`'s loaded target and head; rows ranked best first."""
+def measure(oracle, pcfg, cands: list[Candidate], progress: bool = False) -> list[tuple[list, list]]:
+    """Per candidate: (cycle counts, position counts) per prompt of `pcfg`'s prompts."""
     from eagle_eval import api
     from eagle_eval.models.capture import AuxLayers
 
-    rows = []
-    n = oracle.speculator.target.num_layers
+    out = []
+    n, steps = oracle.speculator.target.num_layers, pcfg.run.num_steps
     for cand in cands:
         aux = AuxLayers(hf=cand.hf, num_layers=n, source=f"diagnose sweep: {cand.label}")
         swept = replace(oracle, speculator=replace(oracle.speculator, aux_hf=cand.hf),
                         resolved={**oracle.resolved, "aux_layers": aux.as_dict()})
         run = replace(pcfg.run, aux_layers=cand.hf, aux_convention="hf")
         res = api.profile(replace(pcfg, run=run), progress=progress, oracle=swept)
-        counts = prompt_counts([s.accepted_per_cycle for s in res.samples])
-        tau, se = tau_se(counts)
-        rows.append(SweepRow(cand, counts, tau, se))
-    return rank_rows(rows)
+        out.append((prompt_counts([s.accepted_per_cycle for s in res.samples]), sample_positions(res.samples, steps)))
+    return out
+
+
+def sample_positions(samples, num_steps: int) -> list[tuple[int, int]]:
+    """Position counts of profiled samples: every root a cycle could start from (output length - 1)."""
+    return [decide.position_counts(s.extra["run_lengths"], num_steps, max(len(s.output_ids) - 1, 0))
+            for s in samples]
+
+
+def sweep_rows(cands: list[Candidate], cycles: list[list], seq: decide.Sequence) -> list[SweepRow]:
+    """Rows ranked by tau_pos (the decision's statistic), ties in candidate order; rows[i].bound from seq."""
+    rows = [SweepRow(c, i, cycles[i], seq.counts[i], None if i == 0 else seq.bounds[i - 1])
+            for i, c in enumerate(cands)]
+    ranked = sorted(rows, key=lambda r: (-round(r.tau_pos, 9), r.index))
+    for i, r in enumerate(ranked, 1):
+        r.rank = i
+    return ranked
+
+
+def sweep_findings(rows: list[SweepRow], seq: decide.Sequence, budget: int) -> tuple[list[Finding], list[int]]:
+    """(findings, recommended HF layers): one verdict finding, plus a warning when nothing is accepted."""
+    base = next(r for r in rows if r.bound is None)
+    configured = list(base.candidate.hf)
+    out = []
+    if max(r.tau_pos for r in rows) < 1.05:
+        out.append(warning("acceptance-near-zero", f"every candidate layer set accepts almost nothing (best tau_pos "
+                                                   f"{max(r.tau_pos for r in rows):.3f}): look at lm_head, embeddings "
+                                                   "and d2t first"))
+    on = f"decided on {seq.prompts} prompt(s) (look {len(seq.looks)} of {len(seq.planned)})"
+    if seq.verdict == decide.MISMATCH:
+        win = next(r for r in rows if r.index == seq.winner)
+        b, lines = win.bound, config_lines(list(win.candidate.hf))
+        out.append(error("aux-layer-mismatch",
+                         f"HF {list(win.candidate.hf)} ({win.candidate.label}) gains {b.delta:+.3f} tau_pos "
+                         f"[{b.lower:+.3f}, {b.upper:+.3f}] over the configured HF {configured} (cycle tau "
+                         f"{win.tau:.3f} vs {base.tau:.3f}), {on}: in the draft config.json set SGLang "
+                         f"{lines['sglang']}; vLLM {lines['vllm']}", config_lines=lines, prompts=seq.prompts))
+        return out, list(win.candidate.hf)
+    if seq.verdict == decide.CONSISTENT:
+        top = max((r for r in rows if r.bound is not None), key=lambda r: r.bound.upper, default=None)
+        worst = f"; the largest upper bound is {top.bound.upper:+.3f} (HF {list(top.candidate.hf)})" if top else ""
+        out.append(info("aux-layers-consistent",
+                        f"configured HF {configured} is consistent: no alternative gains {decide.MARGIN} tau_pos "
+                        f"or more{worst}, {on}", prompts=seq.prompts))
+        return out, configured
+    out.append(undecided("aux-layers-inconclusive", _inconclusive_message(rows, seq, budget), prompts=seq.prompts))
+    return out, configured
+
+
+def _inconclusive_message(rows: list[SweepRow], seq: decide.Sequence, budget: int) -> str:
+    open_rows = sorted((r for r in rows if r.status == "open"), key=lambda r: -r.bound.delta)
+    r = open_rows[0]
+    b = r.bound
+    need = decide.prompts_to_decide(b, seq.prompts, seq.level)
+    more = (f"about {need} prompts would decide it if the gain and spread held" if need
+            else "its gain sits on the margin: more prompts may not decide it")
+    return (f"could not tell on {seq.prompts} prompt(s) (--prompt-budget {budget}): HF {list(r.candidate.hf)} "
+            f"({r.candidate.label}) gains {b.delta:+.3f} tau_pos [{b.lower:+.3f}, {b.upper:+.3f}], neither clearly "
+            f"better (lower bound > 0, gain >= {decide.MARGIN}) nor bounded below {decide.MARGIN}; {more} "
+            f"(raise --prompt-budget, or give a workload with more questions)"
+            + (f"; {len(open_rows) - 1} other candidate(s) also open" if len(open_rows) > 1 else ""))
 
 
 def config_lines(hf: list[int]) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.errors import UserError
-from eagle_eval.results.findings import Finding, error, info, warning
+from eagle_eval.results.findings import Finding, error, info, undecided, warning
 
 AUX_KEYS = ("aux_hidden_states", "aux_hidden_state")
 MAX_TOKENS = 512             # tokens compared; features at t depend only on tokens <= t
@@ -205,8 +205,9 @@ def match_dump(target, dump: Dump, max_tokens: int = MAX_TOKENS) -> DumpMatch:
                      notes=notes)
 
 
-def dump_findings(match: DumpMatch, aux_hf: tuple[int, ...], num_aux: int) -> list[Finding]:
-    """Which HF index each block is, and whether the evaluation feeds the same tensors in the same order."""
+def dump_findings(match: DumpMatch, aux_hf: tuple[int, ...], num_aux: int, sweep: bool = True) -> list[Finding]:
+    """Which HF index each block is, and whether the evaluation feeds the same tensors in the same order
+    (`sweep`: whether the aux-layer sweep runs too and decides when the dump cannot)."""
     n = match.num_layers
     out = [info("dump-read", f"{match.dump.file} ({match.dump.format} format, {match.tokens} tokens, "
                              f"{len(match.blocks)} block(s))" + "".join(f"; {x}" for x in match.notes))]
@@ -217,25 +218,45 @@ def dump_findings(match: DumpMatch, aux_hf: tuple[int, ...], num_aux: int) -> li
             out.append(warning("dump-block-weak", line + ": no HF index matches closely (another target, dtype "
                                                          "or prompt format?)"))
         elif b.cosine - b.runner_up_cosine < AMBIGUOUS_MARGIN:
-            out.append(warning("dump-block-ambiguous", line + ": two HF indices match equally well"))
+            out.append(warning("dump-block-ambiguous", line + ": two HF indices match equally well (undecided "
+                                                              "between them)"))
         else:
             out.append(info("dump-block", line))
     if match.hidden_state is not None:
         hs = match.hidden_state
         out.append(info("dump-hidden-state", f"dump hidden_state = {describe_hf(hs.hf_index, n)} "
                                              f"(cos {hs.cosine:.4f})"))
+    return out + [_layers_finding(match, aux_hf, num_aux, sweep)]
+
+
+def _plausible(b: BlockMatch) -> set[int] | None:
+    """The HF indices a block may be: one when confident, the best two when ambiguous, None when weak."""
+    if b.cosine < EXACT_COSINE:
+        return None
+    return {b.hf_index} if b.cosine - b.runner_up_cosine >= AMBIGUOUS_MARGIN else {b.hf_index, b.runner_up}
+
+
+def _layers_finding(match: DumpMatch, aux_hf: tuple[int, ...], num_aux: int, sweep: bool) -> Finding:
+    """Three ways: mismatch (a block is surely not the tensor fed there), match (every block surely is),
+    inconclusive (a weak or ambiguous block leaves it open: a warning when the sweep decides instead)."""
     dumped = match.hf
     if len(dumped) != num_aux:
-        out.append(error("dump-block-count", f"the dump holds {len(dumped)} block(s) but the head fuses {num_aux}"))
-    elif dumped != sorted(dumped):
-        out.append(error("dump-block-order", f"dump blocks are HF {dumped}, not in ascending order: the head was "
-                                             "trained on this order, the engines concatenate low -> high"))
-    elif dumped != list(aux_hf):
+        return error("dump-block-count", f"the dump holds {len(dumped)} block(s) but the head fuses {num_aux}")
+    plausible = [_plausible(b) for b in match.blocks]
+    if match.confident and dumped != sorted(dumped):
+        return error("dump-block-order", f"dump blocks are HF {dumped}, not in ascending order: the head was "
+                                         "trained on this order, the engines concatenate low -> high")
+    if any(p is not None and fed not in p for p, fed in zip(plausible, aux_hf)):
         sg = [i - 1 for i in dumped]
-        out.append(error("dump-layers-mismatch",
-                         f"trained on HF {dumped} (SGLang ids {sg}, vLLM ids {dumped}) but the evaluation feeds "
-                         f"HF {list(aux_hf)}: set eagle_config.eagle_aux_hidden_state_layer_ids={sg} (SGLang) / "
-                         f"eagle_aux_hidden_state_layer_ids={dumped} (vLLM)", dump_hf=dumped))
-    else:
-        out.append(info("dump-layers-match", f"the evaluation feeds the dumped tensors HF {dumped}, in the same order"))
-    return out
+        return error("dump-layers-mismatch",
+                     f"trained on HF {dumped} (SGLang ids {sg}, vLLM ids {dumped}) but the evaluation feeds "
+                     f"HF {list(aux_hf)}: set eagle_config.eagle_aux_hidden_state_layer_ids={sg} (SGLang) / "
+                     f"eagle_aux_hidden_state_layer_ids={dumped} (vLLM)", dump_hf=dumped)
+    if all(p == {fed} for p, fed in zip(plausible, aux_hf)):
+        return info("dump-layers-match", f"the evaluation feeds the dumped tensors HF {dumped}, in the same order")
+    open_blocks = [b.block for b, p, fed in zip(match.blocks, plausible, aux_hf) if p != {fed}]
+    message = (f"the dump cannot tell whether the evaluation's HF {list(aux_hf)} are the trained tensors: block(s) "
+               f"{open_blocks} match no HF index closely or two equally well; "
+               + ("the aux-layer sweep's verdict decides" if sweep
+                  else "run the aux-layer sweep (drop --no-sweep) to decide, or dump another sample"))
+    return (warning if sweep else undecided)("dump-layers-inconclusive", message, open_blocks=open_blocks)

@@ -1,16 +1,16 @@
 """Findings: what `diagnose` and the load-time checks report, one line each (no torch).
 
-Contract: a finding is (severity, code, message[, detail]); `severity` is `info`, `warning` or
-`error`; `code` is a stable kebab-case identifier tests and scripts can match; `message` is one line
+Contract: a finding is (severity, code, message[, detail]); `severity` is `info`, `warning`,
+`undecided` (a check that could not tell: never reported as fine) or `error`; `code` is a stable kebab-case identifier tests and scripts can match; `message` is one line
 that says what was measured and why it matters. `exit_status` is 1 when any finding is an error
-(every mismatch is reported as an error), else 0.
+(every mismatch is reported as an error) or undecided, else 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SEVERITIES = ("info", "warning", "error")
+SEVERITIES = ("info", "warning", "undecided", "error")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,10 @@ def warning(code: str, message: str, **detail) -> Finding:
     return Finding("warning", code, message, detail)
 
 
+def undecided(code: str, message: str, **detail) -> Finding:
+    return Finding("undecided", code, message, detail)
+
+
 def error(code: str, message: str, **detail) -> Finding:
     return Finding("error", code, message, detail)
 
@@ -57,19 +61,20 @@ def by_severity(findings: list[Finding]) -> list[Finding]:
 
 
 def exit_status(findings: list[Finding]) -> int:
-    """1 when any finding is an error, else 0.
+    """1 when any finding is an error or undecided, else 0.
 
-    >>> exit_status([info("a", ""), warning("b", "")]), exit_status([error("c", "")])
-    (0, 1)
+    >>> exit_status([info("a", ""), warning("b", "")]), exit_status([error("c", "")]), exit_status([undecided("d", "")])
+    (0, 1, 1)
     """
-    return 1 if any(f.severity == "error" for f in findings) else 0
+    return 1 if any(f.severity in ("error", "undecided") for f in findings) else 0
 
 
 def render_findings(findings: list[Finding], only_problems: bool = False) -> str:
     """A table: severity, code, message; with only_problems, info lines are counted, not shown."""
     shown = [f for f in by_severity(findings) if not (only_problems and f.severity == "info")]
     width = max((len(f.code) for f in shown), default=4)
-    lines = [f"{f.severity.upper():<7} {f.code:<{width}}  {f.message}" for f in shown]
+    sev = max((len(f.severity) for f in shown), default=7)          # 7 = "warning"; "undecided" is longer
+    lines = [f"{f.severity.upper():<{max(sev, 7)}} {f.code:<{width}}  {f.message}" for f in shown]
     if only_problems:
         passed = len(findings) - len(shown)
         lines.append(f"({passed} check(s) passed or informational; `eagle-eval diagnose` shows them all)")
