@@ -276,3 +276,32 @@ def test_engine_specific_aux_id_keys(alt):
     assert codes(sanity.aux_id_findings(both, 8, aux, None)) == []
     shifted = resolve_aux_layers(8, 3, (1, 3, 4), "sglang", [2, 4, 6], None)
     assert codes(sanity.aux_id_findings(both, 8, shifted, (1, 3, 4))) == ["aux-layers-override"]
+
+
+def _match(blocks):
+    dump = dumps.Dump(file="d.pt", format="plain", input_ids=torch.zeros(4, dtype=torch.long),
+                      aux=torch.zeros(4, 3 * 48), hidden_state=None)
+    return dumps.DumpMatch(dump=dump, tokens=4, num_layers=8,
+                           blocks=[dumps.BlockMatch(i, hf, cos, 1.0, second, cos2)
+                                   for i, (hf, cos, second, cos2) in enumerate(blocks)])
+
+
+def test_dump_match_three_ways_when_layers_are_close():
+    """A block two HF indices fit equally well neither confirms nor contradicts the fed tensor: inconclusive
+    (a warning when the sweep decides, undecided without it), never dump-layers-match."""
+    sure = [(3, 1.0, 4, 0.9), (5, 1.0, 6, 0.9), (7, 1.0, 6, 0.9)]
+    close = [(3, 1.0, 4, 0.9), (5, 1.0, 4, 0.9995), (7, 1.0, 6, 0.9)]
+    weak = [(3, 1.0, 4, 0.9), (5, 0.8, 4, 0.7), (7, 1.0, 6, 0.9)]
+
+    def last(blocks, fed, sweep=True):
+        f = dumps.dump_findings(_match(blocks), fed, 3, sweep)[-1]
+        return f.severity, f.code
+
+    assert last(sure, (3, 5, 7)) == ("info", "dump-layers-match")
+    assert last(sure, (2, 5, 7)) == ("error", "dump-layers-mismatch")
+    assert last(close, (3, 5, 7)) == ("warning", "dump-layers-inconclusive")
+    assert last(close, (3, 4, 7)) == ("warning", "dump-layers-inconclusive")      # HF[4] fits block 1 as well
+    assert last(close, (3, 5, 7), sweep=False) == ("undecided", "dump-layers-inconclusive")
+    assert last(close, (3, 6, 7)) == ("error", "dump-layers-mismatch")            # neither HF[5] nor HF[4]
+    assert last(weak, (3, 5, 7)) == ("warning", "dump-layers-inconclusive")
+    assert last(weak, (2, 5, 7)) == ("error", "dump-layers-mismatch")             # block 0 is surely HF[3]

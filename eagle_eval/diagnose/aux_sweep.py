@@ -171,10 +171,11 @@ def _inconclusive_message(rows: list[SweepRow], seq: decide.Sequence, budget: in
     need = decide.prompts_to_decide(b, seq.prompts, seq.level)
     more = (f"about {need} prompts would decide it if the gain and spread held" if need
             else "its gain sits on the margin: more prompts may not decide it")
+    remedy = ("raise --prompt-budget" if seq.prompts >= budget else
+              "the workload has no more questions: give more (--prompts, --dataset) or raise --limit")
     return (f"could not tell on {seq.prompts} prompt(s) (--prompt-budget {budget}): HF {list(r.candidate.hf)} "
             f"({r.candidate.label}) gains {b.delta:+.3f} tau_pos [{b.lower:+.3f}, {b.upper:+.3f}], neither clearly "
-            f"better (lower bound > 0, gain >= {decide.MARGIN}) nor bounded below {decide.MARGIN}; {more} "
-            f"(raise --prompt-budget, or give a workload with more questions)"
+            f"better (lower bound > 0, gain >= {decide.MARGIN}) nor bounded below {decide.MARGIN}; {more} ({remedy})"
             + (f"; {len(open_rows) - 1} other candidate(s) also open" if len(open_rows) > 1 else ""))
 
 
