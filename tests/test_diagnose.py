@@ -247,7 +247,9 @@ def test_chat_template_check(alt, tmp_path):
     assert [r["variant"] for r in rows] == ["the tokenizer's chat template (configured)",
                                             "raw prompts (--no-chat-template)"]
     assert all(r["tau"] >= 1 for r in rows) and "delta_vs_configured" in rows[1]
-    assert {"chat-template-consistent", "chat-template-mismatch", "chat-template-inconclusive"} & set(codes(res.findings))
+    verdicts = {"chat-template-consistent", "chat-template-mismatch", "chat-template-inconclusive"}
+    assert len(verdicts & set(codes(res.findings))) == 1                # exactly one of the three outcomes
+    assert "chat-template-not-applicable" not in codes(res.findings)
 
 
 def test_own_embedding_table_compared_with_the_targets():

@@ -61,6 +61,13 @@ def _config_hf(oracle) -> list[int] | None:
     return config_aux_hf(json.loads((Path(oracle.resolved["head"]["path"]) / "config.json").read_text()))
 
 
+def _known_layers(oracle, dump_hf) -> list[tuple[str, tuple]]:
+    """Layer sets the sweep tries right after the configured one: a training dump's, the draft config's."""
+    config_hf = _config_hf(oracle)
+    return ([("training dump", dump_hf)] if dump_hf else []) + \
+        ([("draft config.json ids", tuple(config_hf))] if config_hf is not None else [])
+
+
 def _read_dump(oracle, dcfg: DiagnoseConfig):
     """The training dump matched to HF indices (None without --train-dump); read first, so bad input fails fast."""
     from eagle_eval.diagnose import dumps
@@ -174,17 +181,13 @@ def _diagnose(run, dcfg: DiagnoseConfig, folder, progress: bool, oracle) -> Diag
     report: dict = {"schema_version": 2, "configured_aux_layers": _layers(configured)}
     match = _read_dump(oracle, dcfg)
     prompts = api.checked_workload(run, oracle).first_prompts
-    extra, dump_hf, recommended = [], None, list(configured)
-    config_hf = _config_hf(oracle)
-    if config_hf is not None:
-        extra.append(("draft config.json ids", tuple(config_hf)))
+    dump_hf, recommended = None, list(configured)
     if match is not None:
         more, dump_hf = _dump_section(match, configured, head.config.num_aux, report, dcfg.sweep)
         findings += more
-        extra[:0] = [("training dump", dump_hf)] if dump_hf else []
     with tempfile.TemporaryDirectory(prefix="eagle-eval-diagnose-") as tmpdir:
         rounds = Rounds(oracle, run, prompts, Path(tmpdir))
-        cands = aux_sweep.candidates(configured, num_layers, extra)
+        cands = aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf))
         if dcfg.sweep and len(cands) > 1:
             rows, seq = _sweep(oracle, rounds, cands, progress)
             report["sweep"] = _sweep_report(rows, seq, run, budget)

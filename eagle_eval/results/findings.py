@@ -1,8 +1,9 @@
 """Findings: what `diagnose` and the load-time checks report, one line each (no torch).
 
 Contract: a finding is (severity, code, message[, detail]); `severity` is `info`, `warning`,
-`undecided` (a check that could not tell: never reported as fine) or `error`; `code` is a stable kebab-case identifier tests and scripts can match; `message` is one line
-that says what was measured and why it matters. `exit_status` is 1 when any finding is an error
+`undecided` (a check that could not tell: never reported as fine) or `error`; `code` is a stable
+kebab-case identifier tests and scripts can match; `message` is one line that says what was
+measured and why it matters. `exit_status` is 1 when any finding is an error
 (every mismatch is reported as an error) or undecided, else 0.
 """
 
