@@ -5,9 +5,9 @@ variant costs one profile, which gives every num_steps <= max_steps at once. The
 EAGLE3.md section 5: S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), with c and r(k) timed on the
 current device (`measure_costs`) or given.
 
-Why here, beside api.py: an ablation is a set of runs (it replaces RunConfig fields and calls the
-profile once per variant), so it belongs to the door that wires the stages, not to one stage; its
-CSV and PNG writers live in `results/` like every other writer.
+Why here, beside api.py (which re-exports `ablate`): an ablation is a set of runs (it replaces
+RunConfig fields and calls the profile once per variant), so it belongs to the door that wires the
+stages, not to one stage; its CSV and PNG writers live in `results/` like every other writer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from eagle_eval.config import ConfigError, RunConfig, parse_ids
+from eagle_eval.profiling import profile
 from eagle_eval.results.acceptance import speedup
+from eagle_eval.results.plot import plot_ablation
+from eagle_eval.results.run_folder import open_run_output
+from eagle_eval.results.tables import write_rows_csv
 
 
 @dataclass(frozen=True)
@@ -146,3 +150,87 @@ def best_row(rows: list[dict], key: str = "speedup_model") -> dict:
 
 def apply(base: RunConfig, overrides: dict) -> RunConfig:
     return replace(base, **overrides)
+
+
+def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms: tuple | None = None,
+           progress: bool = True, topk_grid=None, draft_tokens_grid=None) -> dict:
+    """Profile the base config and each `--vary` variant (for each topk of the grid, with every
+    num_draft_tokens of the grid from one tree expansion); tabulate tau and modelled speedup per
+    (num_steps, topk, num_draft_tokens). server_ms = (draft step ms, target step ms) from a server."""
+    settings = {**base.as_dict(), "vary": list(variants), "cost_ratio": cost_ratio,
+                "server_ms": list(server_ms) if server_ms else None,
+                "topk_grid": list(topk_grid or []), "draft_tokens_grid": list(draft_tokens_grid or [])}
+    folder = open_run_output("ablate", base.run, settings, {**base.run.input_paths(), "responses": base.responses})
+    try:
+        result = _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_tokens_grid)
+        if folder is not None:
+            _write_ablation(folder, result)
+        return result
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _write_ablation(folder, result: dict) -> None:
+    folder.note("ablation.csv")
+    write_rows_csv(folder.file("ablation.csv"), result["rows"])
+    try:
+        folder.note("ablation.png")
+        plot_ablation(folder.file("ablation.png"), result["rows"])
+    except ConfigError as exc:          # matplotlib is an optional extra
+        result["warnings"] = [f"ablation.png not written: {exc}"]
+    folder.write_json("ablation.json", result)
+    folder.finish()
+
+
+def _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_tokens_grid) -> dict:
+    from dataclasses import replace as _replace
+
+    from eagle_eval.results.report import provenance
+    from eagle_eval.spec.tree import pool_size
+
+    run = _replace(base.run, output_dir=None, resume=False, overwrite=False)
+    named = [("base", {})] + [parse_variant(v) for v in variants]
+    topks = list(topk_grid or [run.topk])
+    grid = tuple(draft_tokens_grid or ())
+    if any(k > 1 for k in topks) and not grid and run.num_draft_tokens is None:
+        raise ConfigError("a topk > 1 in the grid needs --draft-tokens-grid (or --num-draft-tokens)")
+    k_max = base.max_steps
+    sizes = {s + 1 for s in range(1, k_max + 1)} | set(grid) | ({run.num_draft_tokens} if run.num_draft_tokens else set())
+    server = Costs(server_ms[0] / server_ms[1], {}, "server step times (r = 1)") if server_ms else None
+    rows, sections, costs = [], [], None
+    for name, overrides in named:
+        for k in topks:
+            d_main = None if k == 1 else max(d for d in (grid or (run.num_draft_tokens,))
+                                             if d <= pool_size(k_max, k) + 1)
+            cfg = apply(run, {**overrides, "topk": k, "num_draft_tokens": d_main})
+            res = profile(_replace(base, run=cfg, draft_tokens_grid=grid if k > 1 else None), progress=progress)
+            if costs is None:
+                costs = (Costs(cost_ratio, {}, "given (--cost-ratio; r = 1)") if cost_ratio is not None
+                         else measure_costs(res.oracle, sizes))
+            label = name if len(topks) == 1 else f"{name} topk={k}"
+            shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
+                      if k > 1 and grid else {None: res.report["by_num_steps"]})
+            for d, by_steps in shapes.items():
+                mine = variant_rows(label if d is None else f"{label} D={d}", by_steps, costs, server, k,
+                                        int(d) if d else None)
+                rows += mine
+                best = best_row(mine)
+                sections.append({"variant": mine[0]["variant"], "overrides": {
+                    kk: list(v) if isinstance(v, tuple) else v for kk, v in overrides.items()},
+                    "topk": k, "num_draft_tokens": int(d) if d else None,
+                    "aux_layers": res.report["config"]["aux_layers"],
+                    "best_num_steps": best["num_steps"], "best_speedup_model": best["speedup_model"],
+                    "best_num_steps_server": best_row(mine, "speedup_server")["num_steps"] if server else None,
+                    "by_num_steps": by_steps})
+    overall = best_row(rows)
+    result = {"schema_version": 1, "config": {**base.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid)},
+              "costs": {"cost_ratio": costs.cost_ratio,
+                        "verify_ratio": {str(n): v for n, v in costs.verify_ratio.items()},
+                        "source": costs.source, "times_ms": costs.times_ms,
+                        "server_ms": {"draft_step": server_ms[0], "target_step": server_ms[1]} if server_ms else None},
+              "speedup_model": "S = (1 + sum_{i<=S} u_i) / (S c + r), c = T_draft_step / T_target_step, "
+                               "r = T_verify(S+1 tokens, or num_draft_tokens for a tree) / T_target(1 token)",
+              "best": {k: overall[k] for k in ("variant", "num_steps", "topk", "num_draft_tokens", "speedup_model")},
+              "variants": sections, "rows": rows, "provenance": provenance(run.seed)}
+    return result

@@ -5,6 +5,7 @@ import torch
 from fixtures import load_prompts, make_head, make_target, write_prompts
 
 from eagle_eval import api
+from eagle_eval import oracle as oracle_module
 from eagle_eval.config import RunConfig
 from eagle_eval.spec import chain
 from eagle_eval.spec.draft import DraftState
@@ -81,7 +82,7 @@ def test_always_right_report_rates(tiny, monkeypatch):
         current["seq"] = seqs[tuple(prompt_ids)]
         return real_decode(spec, prompt_ids, *args, **kwargs)
 
-    monkeypatch.setattr(api, "speculative_decode", decode)
+    monkeypatch.setattr(oracle_module, "speculative_decode", decode)
     for right in (True, False):
         def propose(self, s, right=right):
             nxt = torch.tensor(current["seq"][self.real_len + 1: self.real_len + 1 + s])

@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
-from eagle_eval.models.head_config import (  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
-    EAGLE, SPECFORGE, SPECULATORS, CheckpointError, head_config_from_json)
+from eagle_eval.models.head_config import EAGLE, SPECFORGE, SPECULATORS, CheckpointError, head_config_from_json  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
 from eagle_eval.models.head_keys import KeyAudit, audit_keys, check_keys
 from eagle_eval.models.heads import Eagle3Head, HeadConfig
 

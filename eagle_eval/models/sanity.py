@@ -356,7 +356,7 @@ def norm_variant_findings(loaded, raw: dict) -> list[Finding]:
             out.append(warning("input_norm-untrained", "input_norm.weight is all ones, the RMSNorm init: trained "
                                                        "heads move it (speculators loads checkpoints without it as ones)"))
     if cfg.fc_norm:
-        out.append(info("fc-norm", f"fc_norm=True (EAGLE-3.1): one RMSNorm per aux block before fc (vLLM PR #42764); "
+        out.append(info("fc-norm", "fc_norm=True (EAGLE-3.1): one RMSNorm per aux block before fc (vLLM PR #42764); "
                                    "a server that ignores it feeds fc the raw blocks"))
         idle = [i for i, n in enumerate(head.fc_norm) if _left_at_init(n.weight)]
         if idle:

@@ -329,3 +329,11 @@ def open_output(output_dir: str | None, command: str, settings: dict, inputs: di
     if not output_dir:
         return _NoFolder()
     return open_run_folder(output_dir, command, settings, inputs, overwrite=overwrite)
+
+
+def open_run_output(command: str, config, settings: dict, inputs: dict, resume: bool = False):
+    """The output folder of `command` run with a RunConfig (its output_dir, overwrite, RESUMABLE), or None."""
+    if not config.output_dir:
+        return None
+    return open_run_folder(config.output_dir, command, settings, inputs, resume=resume,
+                           overwrite=config.overwrite, ignore=type(config).RESUMABLE)
