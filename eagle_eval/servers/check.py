@@ -260,6 +260,9 @@ def render_server_check(report: dict) -> str:
     if srv["url"]:
         lines.append(f"tokens      {tok['requests']} requests: {tok['equal']} equal, {tok['near_tie']} near-tie, "
                      f"{tok['mismatch']} diverged, {tok['unknown']} not reported")
+    s = report["summary"]
+    lines.append(f"oracle      tau {_f(s['accept_length'])} over {s['cycles']} cycles of {s['prompts']} prompts "
+                 "(the reference; mean accepted + 1 per cycle)")
     j = report.get("judgement")
     if j:
         lines.append(f"judged      {j['mode']} mode: {j['rule']}")

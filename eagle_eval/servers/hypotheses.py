@@ -117,8 +117,14 @@ ENGINE_HYPOTHESES = {
 def engine_reads(resolved: dict, backend: str) -> list[tuple]:
     """(name, description, HF) for what each engine of `backend` taps for the head's config."""
     engines = resolved["aux_layers"].get("engines") or {}
-    return [(name, f"{engines[e]['name']} reading this head's config: {engines[e]['reads']}",
-             engines[e]["hf"]) for e, name in ENGINE_HYPOTHESES.get(backend, {}).items() if e in engines]
+    out = [(name, f"{engines[e]['name']} reading this head's config: {engines[e]['reads']}",
+            engines[e]["hf"]) for e, name in ENGINE_HYPOTHESES.get(backend, {}).items() if e in engines]
+    if backend == "vllm":       # the server may have been given a config with only the nested key
+        hf = resolved["aux_layers"]["hf"]
+        out.append(("vllm_v1_reads_nested_ids", f"vLLM's V1 runner reading SGLang-style nested ids "
+                    f"{[i - 1 for i in hf]} unchanged as vLLM-style (input-of-layer) ids, one layer low (a served "
+                    "config with only eagle_config.eagle_aux_hidden_state_layer_ids)", [i - 1 for i in hf]))
+    return out
 
 
 def hypotheses_for(oracle, server_num_steps: int | None = None, backend: str | None = None) -> list[Hypothesis]:

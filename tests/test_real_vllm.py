@@ -1,0 +1,118 @@
+"""server-check against a REAL vLLM (0.32, CPU build, V1 model runner, fp32) serving the bundled pair.
+
+The oracle is exact here: wired the same way, every request has the oracle's tokens AND counts. Each
+wiring fault is served for real, by editing the config.json of the head copy vLLM loads (the oracle
+keeps reading the committed head), and must be caught in exact mode and named by the hypothesis that
+reproduces it request by request. Each server start costs 1-2 minutes on 2 cores, so there is one
+server per wiring. Deselect with `-m "not real_vllm"` or EAGLE_EVAL_SKIP_REAL_VLLM=1.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from eagle_eval import api
+from eagle_eval.config import RunConfig
+from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
+from real_vllm import REPO, real_vllm_servers  # noqa: F401  (the fixture)
+
+pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
+
+TARGET, DRAFT = REPO / "checkpoints" / "target", REPO / "checkpoints" / "draft"
+NUM_STEPS = 5
+FAULT_PROMPTS = 12                     # the faults are judged on the first 12 bundled prompts
+SPECULATIVE = {"num_speculative_tokens": NUM_STEPS}
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return api.load_oracle(RunConfig(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32"))
+
+
+def served_head(tmp_path, name, nested=None, top=None):
+    """A copy of the bundled head whose config.json carries these aux id keys (None: key removed)."""
+    folder = tmp_path / name
+    shutil.copytree(DRAFT, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("eagle_aux_hidden_state_layer_ids", None)
+    config["eagle_config"].pop("eagle_aux_hidden_state_layer_ids", None)
+    if nested is not None:
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = nested
+    if top is not None:
+        config["eagle_aux_hidden_state_layer_ids"] = top
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def check(oracle, url, limit=None, **kw):
+    cfg = RunConfig(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32", limit=limit)
+    return run_server_check(cfg, ServerCheckConfig(backend="vllm", url=url, **kw), oracle=oracle)
+
+
+def taps_logged(server) -> str:
+    lines = [ln for ln in server.log_path.read_text().splitlines() if "Using auxiliary layers" in ln]
+    return lines[-1].split("config:")[-1].strip() if lines else ""
+
+
+def test_faithful_wiring_is_exact_request_by_request(real_vllm_servers, oracle):
+    """The committed head carries both id keys: vLLM taps the trained HF[2, 4, 5]; 32/32 exact."""
+    server = real_vllm_servers(TARGET, DRAFT, SPECULATIVE)
+    assert taps_logged(server) == "(2, 4, 5)"
+    result = check(oracle, server.url)
+    j = result.report["judgement"]
+    assert result.exit_status == 0 and result.report["verdict"] == "agree"
+    assert j["mode"] == "exact" and j["exact"] == j["requests"] == 32
+    assert result.report["hypotheses"] is None
+    assert "exact 32/32" in render_server_check(result.report)
+
+
+def test_the_bundled_head_before_its_config_fix(real_vllm_servers, oracle, tmp_path):
+    """Only the nested SGLang-style ids (the config before the fix): vLLM's V1 runner reads them raw,
+    one layer low (HF[1, 3, 4]); exact mode fails and the engine-tap hypothesis reproduces it."""
+    server = real_vllm_servers(TARGET, served_head(tmp_path, "nested-only", nested=[1, 3, 4]), SPECULATIVE)
+    assert taps_logged(server) == "(1, 3, 4)"
+    result = check(oracle, server.url, limit=FAULT_PROMPTS)
+    r = result.report
+    assert result.exit_status == 1 and r["tokens"]["equal"] == FAULT_PROMPTS      # speed, never tokens
+    assert r["judgement"]["counts_differ"] > 0
+    hyp = r["hypotheses"]
+    assert hyp["explanation"] == "vllm_v1_reads_nested_ids"
+    best = next(h for h in hyp["ranking"] if h["name"] == "vllm_v1_reads_nested_ids")
+    assert best["exact_requests"] == FAULT_PROMPTS and best["aux_hf"] == [1, 3, 4]
+
+
+def test_the_embedding_in_place_of_the_lowest_layer(real_vllm_servers, oracle, tmp_path):
+    """The deployment's bug, served: its aggregate moves only ~5%, exact mode fails it anyway."""
+    head = served_head(tmp_path, "embedding", nested=[-1, 3, 4], top=[0, 4, 5])
+    server = real_vllm_servers(TARGET, head, SPECULATIVE)
+    assert taps_logged(server) == "(0, 4, 5)"
+    result = check(oracle, server.url, limit=FAULT_PROMPTS)
+    r = result.report
+    assert result.exit_status == 1 and r["verdict"] == "disagree" and r["tokens"]["equal"] == FAULT_PROMPTS
+    hyp = r["hypotheses"]
+    assert hyp["explanation"] == "embedding_for_lowest"
+    best = next(h for h in hyp["ranking"] if h["name"] == "embedding_for_lowest")
+    assert best["exact_requests"] == FAULT_PROMPTS
+
+
+def test_a_fault_no_hypothesis_models(real_vllm_servers, oracle, tmp_path):
+    """Lowest and highest taps moved in opposite directions (HF[1, 4, 6]): caught, and not explained."""
+    server = real_vllm_servers(TARGET, served_head(tmp_path, "unmodelled", nested=[0, 3, 5], top=[1, 4, 6]),
+                               SPECULATIVE)
+    assert taps_logged(server) == "(1, 4, 6)"
+    result = check(oracle, server.url, limit=FAULT_PROMPTS)
+    hyp = result.report["hypotheses"]
+    assert result.exit_status == 1 and hyp["explanation"] is None
+    assert "no hypothesis explains the server" in render_server_check(result.report)
+
+
+def test_plain_vllm_has_no_speculative_counters(real_vllm_servers, oracle):
+    server = real_vllm_servers(TARGET)
+    result = check(oracle, server.url, limit=4)
+    r = result.report
+    assert result.exit_status == 3 and r["verdict"] == "incomplete"
+    assert r["tokens"]["equal"] == 4                      # greedy tokens still equal the oracle's
+    assert any("spec_decode" in w for w in r["warnings"])
+    tau = r["summary"]["accept_length"]
+    assert tau > 1 and f"{tau:.3f}" in render_server_check(r)   # the oracle's own figure is still printed
