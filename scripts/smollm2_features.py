@@ -111,11 +111,6 @@ def generate_split(model, tokenizer, batches: list[list], encode, aux_hf: tuple,
             f"{n_new / seconds:.0f} tokens/s")
 
 
-def generation_seconds(folder: Path) -> float:
-    """Seconds spent generating the cached batches (summed over the runs that made them)."""
-    return sum(json.loads(p.read_text())["seconds"] for p in folder.glob("batch-*.json"))
-
-
 def load_split(folder: Path) -> Split:
     from safetensors.torch import load_file
 
