@@ -17,6 +17,7 @@ from eagle_eval.models.capture import FeatureCapture, resolve_aux_layers
 from eagle_eval.models.quant import held_quantized
 from eagle_eval.models.target import load_target
 from eagle_eval.results.report import render_table
+from eagle_eval.workload.conversations import load_workload
 
 pytest.importorskip("compressed_tensors")
 KINDS = {"fp8": make_fp8_target, "int4-experts": make_int4_target,
@@ -100,7 +101,7 @@ def test_loop_equals_generate_and_profile_equals_loop(built, kind):
     oracle = api.load_oracle(cfg)
     loop = api.evaluate(cfg, progress=False)
     model = oracle.speculator.target.model
-    for sample, row in zip(loop.samples, [r for r in api.load_workload(cfg, oracle.tokenizer).first_prompts]):
+    for sample, row in zip(loop.samples, [r for r in load_workload(cfg, oracle.tokenizer).first_prompts]):
         ids = torch.tensor([row.input_ids])
         expected = model.generate(ids, max_new_tokens=cfg.max_new_tokens, do_sample=False, eos_token_id=sorted(oracle.eos_ids),
                                   pad_token_id=0)[0, ids.shape[1]:].tolist()

@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from eagle_eval import api
+from eagle_eval import oracle as oracle_module
 from eagle_eval.cli import main
 from eagle_eval.config import RunConfig
 from eagle_eval.results.compare import compare, load_result
@@ -27,7 +28,7 @@ def _partly_right_drafts(mp, every: int) -> None:
     """Drafts = the target's greedy continuation, except that draft j of a cycle is wrong whenever
     (verified length + j) % every == 0: varied acceptance from a random tiny pair."""
     current = {}
-    real_decode = api.speculative_decode
+    real_decode = oracle_module.speculative_decode
 
     def decode(spec, prompt_ids, num_steps, max_new_tokens, *args, **kwargs):
         current["seq"] = prompt_ids + plain_greedy(spec.target, prompt_ids, max_new_tokens + num_steps + 1, set())
@@ -37,7 +38,7 @@ def _partly_right_drafts(mp, every: int) -> None:
         nxt = current["seq"][self.real_len + 1: self.real_len + 1 + s]
         return torch.tensor([(t + 1) % 96 if (self.real_len + j) % every == 0 else t for j, t in enumerate(nxt)])
 
-    mp.setattr(api, "speculative_decode", decode)
+    mp.setattr(oracle_module, "speculative_decode", decode)
     mp.setattr(DraftState, "propose_chain", propose)
 
 
