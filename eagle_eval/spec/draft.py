@@ -8,7 +8,6 @@ pair p runs at position p + k (+1 with `position_offset=1`, SGLang before PR #25
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -133,7 +132,7 @@ def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tenso
     device = token_embeds.device
     positions = torch.arange(t, device=device)[None].expand(b, t)
     q_idx = torch.arange(t, device=device)
-    scale = 1.0 / math.sqrt(attn.head_dim)
+    scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
 
     hidden = head.fuse(aux)                      # [B, T, H]
     out = hidden                                 # step j > 0 reads the previous step's out
@@ -200,7 +199,7 @@ def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor
     """
     attn = head.midlayer.self_attn
     t, device, k = token_embeds.shape[1], token_embeds.device, topk
-    scale = 1.0 / math.sqrt(attn.head_dim)
+    scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
     u, residual = head.attention_input(token_embeds, head.fuse(aux))
     q, kk, vv = attn.project(u, *head.rope(torch.arange(t, device=device)[None]))
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
