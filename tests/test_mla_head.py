@@ -307,6 +307,19 @@ def test_loop_lossless_and_profile_equal(world):
     assert "mla-rope-mismatch" not in codes and "rope-interleaved" not in codes
 
 
+def test_tree_loop_lossless_and_profile_equal(world):
+    """Trees drive the same attention interface (K frontier queries over the cache and their ancestors)."""
+    _, target, prompts, head = world
+    run = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3,
+                    topk=2, num_draft_tokens=6)
+    loop = api.evaluate(RunConfig(**{**run.as_dict(), "check_lossless": True}), progress=False)
+    assert loop.report["summary"]["lossless"] is True
+    prof = api.profile(ProfileConfig(run=run, max_steps=3), progress=False)
+    for a, b in zip(loop.samples, prof.samples):
+        assert a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"]["3"]
+    assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
+
+
 def test_rope_mismatch_with_the_target_is_a_warning(world, tmp_path):
     _, target, prompts, _ = world
     path = random_mla_head(tmp_path / "h", rope_scaling={**YARN, "factor": 8.0}, q_lora_rank=None)

@@ -250,8 +250,9 @@ def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor
         own_v = vv.permute(0, 2, 1, 3)[:, :, :, None]
         new_k = own_k if anc_k is None else torch.cat([anc_k, own_k], dim=3)
         new_v = own_v if anc_v is None else torch.cat([anc_v, own_v], dim=3)
-        idx = slot[:, :, None, None, None].expand(-1, -1, *new_k.shape[2:])
-        anc_k, anc_v = new_k.gather(1, idx), new_v.gather(1, idx)
+        pick = slot[:, :, None, None, None]                                         # keys/values may differ in width (MLA)
+        anc_k = new_k.gather(1, pick.expand(-1, -1, *new_k.shape[2:]))
+        anc_v = new_v.gather(1, pick.expand(-1, -1, *new_v.shape[2:]))
         hidden = out.gather(1, slot[..., None].expand(-1, -1, out.shape[-1]))
         frontier, f_scores = first + best, cand.gather(1, best)
     cat = lambda xs: torch.cat(xs, dim=1)
