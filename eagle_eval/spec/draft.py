@@ -250,7 +250,7 @@ def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor
         own_v = vv.permute(0, 2, 1, 3)[:, :, :, None]
         new_k = own_k if anc_k is None else torch.cat([anc_k, own_k], dim=3)
         new_v = own_v if anc_v is None else torch.cat([anc_v, own_v], dim=3)
-        pick = slot[:, :, None, None, None]                                         # keys/values may differ in width (MLA)
+        pick = slot[:, :, None, None, None]                  # keys and values may differ in width (MLA)
         anc_k = new_k.gather(1, pick.expand(-1, -1, *new_k.shape[2:]))
         anc_v = new_v.gather(1, pick.expand(-1, -1, *new_v.shape[2:]))
         hidden = out.gather(1, slot[..., None].expand(-1, -1, out.shape[-1]))
