@@ -109,7 +109,8 @@ class HeadConfig:
         """The settings that select among the head variants, for the report."""
         mla = {"mla": {**self.mla.__dict__, "rope": "interleaved (GPT-J) on the qk_rope_head_dim part",
                        "softmax_scale": "qk_head_dim^-0.5 * mscale^2 (deepseek_yarn)"}} if self.mla else {}
-        return {"kind": self.kind, **mla, "norm_before_residual": self.norm_before_residual, "norm_before_fc": self.norm_before_fc,
+        return {"kind": self.kind, **mla,
+                "norm_before_residual": self.norm_before_residual, "norm_before_fc": self.norm_before_fc,
                 "fc_norm": self.fc_norm, "norm_output": self.norm_output,
                 "rope": "interleaved (GPT-J)" if self.rope_interleaved else "neox (halves)",
                 "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,

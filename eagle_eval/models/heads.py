@@ -6,8 +6,8 @@ interleaved RoPE, scaled RoPE through transformers' initialisers): see models/he
 holds `HeadConfig` and cites where each engine implements each. A head kind changes only the draft
 layer's attention and its RoPE tables (`_attention`, `_rope_tables`): models/mla_head.py `MLAHead`
 (DeepSeek MLA) keeps everything else, so spec/draft.py drives both through the same interface
-(`attention_input`, `self_attn.project/attend/expand_kv/o_proj/scale`, `finish`, `lm`). It knows nothing about the target
-model, tokenizers or the speculative loop; checkpoints are read and written by models/head_io.py.
+(`attention_input`, `self_attn.project/attend/expand_kv/o_proj/scale`, `finish`, `lm`). It knows
+nothing about the target model, tokenizers or the speculative loop; checkpoints are read and written by models/head_io.py.
 """
 
 from __future__ import annotations

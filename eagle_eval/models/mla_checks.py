@@ -59,8 +59,9 @@ def engine_findings(cfg, raw: dict) -> list[Finding]:
                                                        "keep the residual before hidden_norm: the servers disagree"))
     flags = [f for f in ("fc_norm", "norm_output") if getattr(cfg, f)]
     if flags:
-        out.append(info("mla-eagle3.1", f"{', '.join(flags)} (EAGLE-3.1) on an MLA head: read by vLLM deepseek_eagle3.py "
-                                        "and SGLang kimi_k25_eagle3.py (PR #26506), not by SGLang deepseek_eagle3.py"))
+        out.append(info("mla-eagle3.1", f"{', '.join(flags)} (EAGLE-3.1) on an MLA head: read by vLLM "
+                                        "deepseek_eagle3.py and SGLang kimi_k25_eagle3.py (PR #26506), not by "
+                                        "SGLang deepseek_eagle3.py"))
     if raw.get("rope_interleave") is False:
         out.append(warning("mla-rope-interleave", "rope_interleave=false: transformers' DeepseekV3 would rotate NeoX "
                                                   "halves; vLLM and SGLang rotate GPT-J pairs regardless "
