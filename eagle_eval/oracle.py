@@ -184,6 +184,7 @@ def load_oracle(config: RunConfig) -> Oracle:
                       "d2t": "checkpoint" if loaded.d2t_in_checkpoint else "none (full vocab)",
                       "d2t_identity": d2t_identity},
         "head": {"path": loaded.path, "dialect": loaded.dialect, "weights": loaded.weights_file,
+                 "kind": head.config.kind, **({"mla": head.config.variant()["mla"]} if head.config.mla else {}),
                  "norm_before_residual": head.config.norm_before_residual,
                  "rope_theta": head.config.rope_theta, "rope_scaling": head.config.rope_scaling,
                  "variant": head.config.variant(), "keys": loaded.key_audit.as_dict()},

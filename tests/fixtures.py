@@ -95,15 +95,17 @@ def write_prompts(path: Path, n: int = 4, length: int = 6, seed: int = 0) -> Pat
 
 def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2, 4, 5), steps: int = 150,
                num_steps: int = 3, new_tokens: int = 40, seed: int = 0, draft_vocab: int = VOCAB,
-               head_kw: dict | None = None, dialect: str = "specforge") -> Path:
+               head_kw: dict | None = None, dialect: str = "specforge", head_cfg=None) -> Path:
     """A small head trained (seconds, CPU) on the tiny target's own greedy continuations of the
     prompts, so that acceptance is far from 0 and from 1 and falls by position. `head_kw`: HeadConfig
     variant settings; an aux index N (boundary convention) is the final norm's input, HF[N] is not, and
-    then no ids are written to the config (pass them with --aux-convention boundary)."""
+    then no ids are written to the config (pass them with --aux-convention boundary). `head_cfg`: a whole
+    HeadConfig instead (e.g. an MLA head, written with dialect 'mla')."""
     from transformers import AutoModelForCausalLM
 
     from eagle_eval.models.head_io import save_head
     from eagle_eval.models.heads import Eagle3Head
+    from eagle_eval.models.mla_head import build_head
     from eagle_eval.spec.draft import unroll_chains
 
     torch.manual_seed(seed)
@@ -116,7 +118,8 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
                 nxt = model(ids).logits[:, -1].argmax(-1, keepdim=True)
                 ids = torch.cat([ids, nxt], dim=1)
         seqs.append(ids)
-    head = Eagle3Head(head_config(draft_vocab=draft_vocab, **(head_kw or {})))
+    head = (build_head(head_cfg) if head_cfg is not None
+            else Eagle3Head(head_config(draft_vocab=draft_vocab, **(head_kw or {}))))
     n = model.config.num_hidden_layers
     prenorm = []
     model.model.norm.register_forward_pre_hook(lambda module, args: prenorm.append(args[0]))

@@ -20,11 +20,34 @@ from pathlib import Path
 
 from eagle_eval.errors import UserError
 
-SPECFORGE, EAGLE, SPECULATORS = "specforge", "eagle", "speculators"
+SPECFORGE, EAGLE, SPECULATORS, MLA = "specforge", "eagle", "speculators", "mla"
 
 
 class CheckpointError(UserError, ValueError):
     """A draft checkpoint that cannot be read as an EAGLE-3 head; the message names file and key."""
+
+
+@dataclass(frozen=True)
+class MLASettings:
+    """The draft layer's multi-head latent attention (DeepSeek-V2/V3), see models/mla_head.py."""
+    q_lora_rank: int | None               # None: one q_proj [heads*(nope+rope), 2H] instead of q_a/q_b
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    def __post_init__(self):
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: a positive integer is needed for an MLA head")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} is odd: RoPE rotates pairs")
+        if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or self.q_lora_rank <= 0):
+            raise ValueError(f"q_lora_rank={self.q_lora_rank!r}: a positive integer or null is needed")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,7 @@ class HeadConfig:
     fc_norm: bool = False                 # EAGLE-3.1: one RMSNorm per aux block [H_t] before fc
     norm_output: bool = False             # EAGLE-3.1: the recurrence carries norm(out)
     rope_interleaved: bool = False        # GPT-J-style RoPE (SGLang rope_is_neox_style=false)
+    mla: MLASettings | None = None        # the draft layer's attention is MLA (models/mla_head.py)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -63,8 +87,18 @@ class HeadConfig:
         if self.norm_before_fc and self.fc_norm:
             raise ValueError("norm_before_fc and fc_norm exclude each other (speculators "
                              "Eagle3SpeculatorConfig._check_norm_flags): one norm over the concat, or one per block")
+        if self.mla is not None and not self.rope_interleaved:
+            raise ValueError("an MLA head rotates GPT-J pairs (vLLM and SGLang build its RoPE with "
+                             "is_neox_style=False): rope_interleaved must be True")
+        if self.mla is not None and self.norm_before_fc:
+            raise ValueError("norm_before_fc: neither engine's MLA head has that norm")
         if (self.norm_before_fc or self.fc_norm) and not self.has_fc:
             raise ValueError("norm_before_fc / fc_norm need an fc layer (aux width k*H_t != H)")
+
+    @property
+    def kind(self) -> str:
+        """'mla' (DeepSeek multi-head latent attention) or 'llama' (GQA), the draft layer's attention."""
+        return "mla" if self.mla is not None else "llama"
 
     @property
     def has_fc(self) -> bool:
@@ -73,7 +107,10 @@ class HeadConfig:
 
     def variant(self) -> dict:
         """The settings that select among the head variants, for the report."""
-        return {"norm_before_residual": self.norm_before_residual, "norm_before_fc": self.norm_before_fc,
+        mla = {"mla": {**self.mla.__dict__, "rope": "interleaved (GPT-J) on the qk_rope_head_dim part",
+                       "softmax_scale": "qk_head_dim^-0.5 * mscale^2 (deepseek_yarn)"}} if self.mla else {}
+        return {"kind": self.kind, **mla,
+                "norm_before_residual": self.norm_before_residual, "norm_before_fc": self.norm_before_fc,
                 "fc_norm": self.fc_norm, "norm_output": self.norm_output,
                 "rope": "interleaved (GPT-J)" if self.rope_interleaved else "neox (halves)",
                 "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,

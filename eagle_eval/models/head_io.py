@@ -5,6 +5,12 @@
 | specforge   | `LlamaForCausalLMEagle3` (SGLang)    | model.safetensors                     | `midlayer.`  |
 | eagle       | `LlamaForCausalLM` (EAGLE official)  | pytorch_model.bin, else safetensors   | `midlayer.`  |
 | speculators | `Eagle3Speculator`                   | model.safetensors                     | `layers.0.`  |
+| mla         | `Eagle3DeepseekV2ForCausalLM` (MLA)  | model.safetensors                     | either, one  |
+
+The mla dialect is the MLA head kind (models/mla_head.py, models/mla_config.py): vLLM
+(`deepseek_eagle3.py` `DeepseekV2Eagle3Model.hf_to_vllm_mapper`) renames `midlayer.` to `layers.0.`,
+SGLang (`kimi_k25_eagle3.py` `load_weights`) the other way, so a checkpoint may use either prefix,
+but only one.
 
 Each dialect maps checkpoint keys to `Eagle3Head` parameter names through one visible table; loading
 is strict: a missing, unexpected or mis-shaped tensor is a `CheckpointError` naming the file, the key
@@ -21,12 +27,14 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
-from eagle_eval.models.head_config import EAGLE, SPECFORGE, SPECULATORS, CheckpointError, head_config_from_json  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
+from eagle_eval.models.head_config import EAGLE, MLA, SPECFORGE, SPECULATORS, CheckpointError, head_config_from_json  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
 from eagle_eval.models.head_keys import KeyAudit, audit_keys, check_keys
 from eagle_eval.models.heads import Eagle3Head, HeadConfig
+from eagle_eval.models.mla_config import MLA_ARCHITECTURES, mla_config_from_json, mla_config_json
+from eagle_eval.models.mla_head import build_head
 
-DIALECTS = (SPECFORGE, EAGLE, SPECULATORS)
-_LAYER_PREFIX = {SPECFORGE: "midlayer.", EAGLE: "midlayer.", SPECULATORS: "layers.0."}
+DIALECTS = (SPECFORGE, EAGLE, SPECULATORS, MLA)
+_LAYER_PREFIX = {SPECFORGE: "midlayer.", EAGLE: "midlayer.", SPECULATORS: "layers.0.", MLA: "layers.0."}
 _OPTIONAL = ("fc.bias", "embed_tokens.weight", "d2t", "t2d")
 # tensors of a variant -> the config flag that asks for them (for the strict-loading messages)
 _VARIANT_TENSORS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm"}
@@ -48,6 +56,8 @@ class LoadedHead:
 
 def detect_dialect(config: dict, config_file: Path) -> str:
     archs = config.get("architectures") or []
+    if any(a in MLA_ARCHITECTURES for a in archs):
+        return MLA
     if "Eagle3Speculator" in archs or "speculators_config" in config:
         return SPECULATORS
     if any(a.endswith("Eagle3") for a in archs):
@@ -56,8 +66,8 @@ def detect_dialect(config: dict, config_file: Path) -> str:
         return EAGLE
     raise CheckpointError(
         f"{config_file}: key 'architectures' = {archs!r}; expected one of "
-        "'LlamaForCausalLMEagle3' (SpecForge/SGLang), 'LlamaForCausalLM' (EAGLE official) or "
-        "'Eagle3Speculator' (speculators)")
+        "'LlamaForCausalLMEagle3' (SpecForge/SGLang), 'LlamaForCausalLM' (EAGLE official), "
+        "'Eagle3Speculator' (speculators) or 'Eagle3DeepseekV2ForCausalLM' (MLA draft layer)")
 
 
 def _weights_file(path: Path, dialect: str) -> Path:
@@ -83,9 +93,9 @@ def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{file}: cannot be read with weights_only=True ({exc})") from exc
 
 
-def key_map(dialect: str, names) -> dict[str, str]:
-    """Head parameter name -> checkpoint key, for the given dialect."""
-    prefix = _LAYER_PREFIX[dialect]
+def key_map(dialect: str, names, prefix: str | None = None) -> dict[str, str]:
+    """Head parameter name -> checkpoint key, for the given dialect (`prefix` overrides its layer prefix)."""
+    prefix = prefix or _LAYER_PREFIX[dialect]
     return {n: prefix + n[len("midlayer."):] if n.startswith("midlayer.") else n for n in names}
 
 
@@ -108,11 +118,22 @@ def _flag_hint(key: str, cfg: HeadConfig) -> str:
     return ""
 
 
+def _layer_prefix(dialect: str, tensors: dict, file: Path) -> str:
+    """The decoder layer's key prefix: fixed per dialect, read from the tensors for mla (either, not both)."""
+    if dialect != MLA:
+        return _LAYER_PREFIX[dialect]
+    used = sorted({p for p in ("midlayer.", "layers.0.") if any(k.startswith(p) for k in tensors)})
+    if len(used) > 1:
+        raise CheckpointError(f"{file}: tensors named both 'midlayer.*' and 'layers.0.*': the decoder layer must "
+                              "use one prefix (vLLM and SGLang rename one into the other)")
+    return used[0] if used else _LAYER_PREFIX[MLA]
+
+
 def _match_tensors(head: Eagle3Head, tensors: dict, dialect: str, file: Path, config_file: Path) -> dict:
     """Head parameter name -> checkpoint tensor, strictly: every expected tensor present (bar the optional
     ones) with its shape, no tensor left over."""
     expected = head.state_dict()
-    names = key_map(dialect, expected)
+    names = key_map(dialect, expected, _layer_prefix(dialect, tensors, file))
     state = {}
     for name, ref in expected.items():
         key = names[name]
@@ -136,13 +157,14 @@ def _match_tensors(head: Eagle3Head, tensors: dict, dialect: str, file: Path, co
 
 def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) -> Eagle3Head:
     try:
-        cfg = head_config_from_json(config, dialect, config_file)
+        cfg = (mla_config_from_json(config, config_file) if dialect == MLA
+               else head_config_from_json(config, dialect, config_file))
     except (TypeError, ZeroDivisionError, AttributeError) as exc:   # e.g. a size given as a string
         raise said_by(f"{config_file}: a size or setting has the wrong type", exc, CheckpointError) from exc
     if "fc.bias" in tensors:
         cfg = HeadConfig(**{**cfg.__dict__, "fc_bias": True})
     try:
-        return Eagle3Head(cfg, with_embedding="embed_tokens.weight" in tensors)
+        return build_head(cfg, with_embedding="embed_tokens.weight" in tensors)
     except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:
         raise said_by(f"{config_file}: a size or setting has the wrong type or value", exc, CheckpointError) from exc
 
@@ -206,7 +228,7 @@ def vocab_map_from_used(used: torch.Tensor, vocab_size: int) -> tuple[torch.Tens
 
 def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
               dialect: str = SPECFORGE, both_id_keys: bool = False) -> None:
-    """Write `head` in one of the three layouts (config.json + weights).
+    """Write `head` in one of the four layouts (config.json + weights; an MLA head only as 'mla').
 
     both_id_keys (SpecForge layout): also write the top-level vLLM-style ids (= nested + 1), so that
     SGLang and both vLLM model runners tap the same tensors (capture.engine_taps).
@@ -231,7 +253,15 @@ def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
     top = {"draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
            **{f: True for f in ("norm_before_fc", "fc_norm", "norm_output") if getattr(cfg, f)}}
     ids = list(aux_layer_ids_sglang) if aux_layer_ids_sglang is not None else None
-    if dialect == SPECULATORS:
+    if (dialect == MLA) != (cfg.mla is not None):
+        raise ValueError(f"an MLA head is written in the 'mla' layout and only there (dialect {dialect!r}, "
+                         f"head kind {cfg.kind!r})")
+    if dialect == MLA:
+        config = {**mla_config_json(cfg), "eagle_config": {
+            "use_aux_hidden_state": cfg.num_aux > 1, **({"eagle_aux_hidden_state_layer_ids": ids} if ids else {})}}
+        if ids and both_id_keys:
+            config["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
+    elif dialect == SPECULATORS:
         config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
                   "transformer_layer_config": layer, **top,
                   "norm_before_residual": cfg.norm_before_residual,

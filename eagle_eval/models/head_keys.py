@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_eval.models.head_config import CONSUMED_KEYS, SPECULATORS, CheckpointError
+from eagle_eval.models.head_config import CONSUMED_KEYS, MLA, SPECULATORS, CheckpointError
+from eagle_eval.models.mla_config import MLA_CONSUMED, MLA_HARMLESS
 
 _GENERIC = "Hugging Face PretrainedConfig generic attribute (output / generation / task switches), not the head's math"
 HARMLESS = {
@@ -85,6 +86,13 @@ ENGINE_MATH = {
                                                   "its final norm; SGLang and vLLM apply norm regardless"),
     "use_mtp_layernorm": EngineKey((False, None), "ModelOpt unified_export_megatron.py: MTP-style enorm/hnorm"),
     "parallel_draft_step": EngineKey((1, None), "ModelOpt parallel drafting (several tokens per draft forward)"),
+    # MLA heads (models/mla_config.py)
+    "index_topk": EngineKey((None,), "vLLM deepseek_v2.py DeepseekV2MLAAttention.__init__: is_v32 = hasattr(config, "
+                                     "'index_topk') adds DeepSeek-V3.2's sparse-attention indexer"),
+    "apply_yarn_scaling": EngineKey((True, None), "vLLM deepseek_v2.py DeepseekV2MLAAttention.__init__: False turns "
+                                                  "deepseek_yarn into deepseek_llama_scaling"),
+    "use_aux_norm": EngineKey((False, None), "SGLang kimi_k25_eagle3.py Eagle3MLAModel.__init__: legacy alias of "
+                                             "fc_norm (per-aux RMSNorm before fc); vLLM reads only fc_norm"),
 }
 
 
@@ -106,7 +114,10 @@ class KeyAudit:
 
 def _sections(config: dict, dialect: str) -> list[tuple[str, dict, set]]:
     """(prefix, dict, consumed keys) for the top level and each nested config the loader knows."""
-    top_keys = CONSUMED_KEYS["top"] | (set() if dialect == SPECULATORS else CONSUMED_KEYS["layer"])
+    top_keys = CONSUMED_KEYS["top"] | (set() if dialect == SPECULATORS else CONSUMED_KEYS["layer"]) | \
+        (MLA_CONSUMED if dialect == MLA else set())
+    if dialect == MLA:                       # Llama-layer keys an MLA layer does not read (MLA_HARMLESS says why)
+        top_keys -= set(MLA_HARMLESS)
     out = [("", config, top_keys)]
     for name, consumed in (("transformer_layer_config", CONSUMED_KEYS["layer"]),
                            ("eagle_config", CONSUMED_KEYS["eagle_config"]), ("speculators_config", set())):
@@ -125,6 +136,8 @@ def audit_keys(config: dict, dialect: str) -> KeyAudit:
                 audit.consumed.append(name)
             elif key in HARMLESS:
                 audit.harmless[name] = HARMLESS[key]
+            elif dialect == MLA and key in MLA_HARMLESS:
+                audit.harmless[name] = MLA_HARMLESS[key]
             elif spec is not None and value in spec.neutral:
                 audit.harmless[name] = f"neutral value {value!r} ({spec.where})"
             elif spec is not None:

@@ -3,11 +3,16 @@
 Contract: `Eagle3Head` computes exactly the per-token math of EAGLE3.md section 2, with an explicit
 `DraftCache`, and the variants the engines ship (`norm_before_fc`, EAGLE-3.1 `fc_norm` / `norm_output`,
 interleaved RoPE, scaled RoPE through transformers' initialisers): see models/head_config.py, which
-holds `HeadConfig` and cites where each engine implements each. It knows nothing about the target
-model, tokenizers or the speculative loop; checkpoints are read and written by models/head_io.py.
+holds `HeadConfig` and cites where each engine implements each. A head kind changes only the draft
+layer's attention and its RoPE tables (`_attention`, `_rope_tables`): models/mla_head.py `MLAHead`
+(DeepSeek MLA) keeps everything else, so spec/draft.py drives both through the same interface
+(`attention_input`, `self_attn.project/attend/expand_kv/o_proj/scale`, `finish`, `lm`). It knows
+nothing about the target model, tokenizers or the speculative loop; checkpoints are read and written by models/head_io.py.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -83,6 +88,7 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
         self.rotate = _rotate_pairs if cfg.rope_interleaved else _rotate_half
+        self.scale = 1.0 / math.sqrt(d)              # softmax scale (the profile in spec/draft.py reads it)
 
     def project(self, u: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """u [B, T, 2H] -> q [B, heads, T, d], k/v [B, kv_heads, T, d], RoPE applied."""
@@ -101,7 +107,7 @@ class _Attention(nn.Module):
 
     def attend(self, q, k, v, mask: torch.Tensor) -> torch.Tensor:
         """q [B, h, T, d], k/v [B, kv, S, d], mask bool [T, S] or [B, 1, T, S] (True = attend)."""
-        out = F.scaled_dot_product_attention(q, self.expand_kv(k), self.expand_kv(v), attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, self.expand_kv(k), self.expand_kv(v), attn_mask=mask, scale=self.scale)
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -121,12 +127,12 @@ class _MLP(nn.Module):
 
 
 class _MidLayer(nn.Module):
-    def __init__(self, cfg: HeadConfig):
+    def __init__(self, cfg: HeadConfig, attention: nn.Module):
         super().__init__()
         self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = _Attention(cfg)
+        self.self_attn = attention
         self.mlp = _MLP(cfg)
 
 
@@ -148,15 +154,24 @@ class Eagle3Head(nn.Module):
         self.fc_norm = (nn.ModuleList(_RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux))
                         if cfg.fc_norm else None)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if with_embedding else None
-        self.midlayer = _MidLayer(cfg)
+        self.midlayer = _MidLayer(cfg, self._attention(cfg))
         self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool)
                              if cfg.draft_vocab_size == cfg.vocab_size
                              else torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        inv_freq, self.attention_scaling = _rope_inv_freq(cfg)
+        inv_freq, self.attention_scaling = self._rope_tables(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    # -- what a head kind changes (models/mla_head.py overrides both) ----------------------------
+    def _attention(self, cfg: HeadConfig) -> nn.Module:
+        """The draft layer's attention: GQA with q/k/v_proj over the 2H input."""
+        return _Attention(cfg)
+
+    def _rope_tables(self, cfg: HeadConfig) -> tuple[torch.Tensor, float]:
+        """(inv_freq [rotary dims / 2], cos/sin scaling) for `rope`."""
+        return _rope_inv_freq(cfg)
 
     # -- the per-token math of EAGLE3.md section 2 ---------------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ statistics), so `load_oracle` runs it for every command and `run` prints it. It 
 an lm_head / own embed_tokens that looks untrained (a fresh PyTorch or Hugging Face init, i.i.d.
 numbers with no trained structure, collapsed rows), d2t/t2d consistency and the identity d2t on a
 reduced vocab, RoPE base / scaling / max positions of the draft vs the target, dialect flags and which
-engine reads which aux-id key, dtypes. `coverage_finding` needs the target's greedy tokens and is
+engine reads which aux-id key, dtypes; for an MLA head, models/mla_checks.py. `coverage_finding` needs the target's greedy tokens and is
 called by `diagnose`. A check that cannot run on an unusual model becomes an info finding, never a
 crash.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.capture import ENGINE_NAMES, consistent_config_lines, default_hf_layers, engine_taps
+from eagle_eval.models.mla_checks import mla_findings
 from eagle_eval.results.findings import Finding, error, info, warning
 
 SAMPLE_ROWS = 4096           # matrix statistics use at most this many rows (deterministic sample)
@@ -330,6 +331,7 @@ def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))
     out += _guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)
     out += head_variant_findings(loaded, aux)               # issue 16: head variants and config keys
+    out += _guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (models/mla_checks.py)
     return out
 
 
@@ -370,7 +372,7 @@ def norm_variant_findings(loaded, raw: dict) -> list[Finding]:
 
 def rope_variant_findings(loaded, raw: dict) -> list[Finding]:
     cfg = loaded.head.config
-    if not cfg.rope_interleaved:
+    if not cfg.rope_interleaved or cfg.mla is not None:     # MLA always rotates pairs (models/mla_checks.py)
         return []
     return [warning("rope-interleaved", "rope_is_neox_style=false: GPT-J-style (interleaved) RoPE; SGLang's llama "
                                         "layer reads the key, vLLM's llama ignores it and rotates NeoX halves, so "

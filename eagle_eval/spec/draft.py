@@ -8,7 +8,6 @@ pair p runs at position p + k (+1 with `position_offset=1`, SGLang before PR #25
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -133,7 +132,7 @@ def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tenso
     device = token_embeds.device
     positions = torch.arange(t, device=device)[None].expand(b, t)
     q_idx = torch.arange(t, device=device)
-    scale = 1.0 / math.sqrt(attn.head_dim)
+    scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
 
     hidden = head.fuse(aux)                      # [B, T, H]
     out = hidden                                 # step j > 0 reads the previous step's out
@@ -200,7 +199,7 @@ def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor
     """
     attn = head.midlayer.self_attn
     t, device, k = token_embeds.shape[1], token_embeds.device, topk
-    scale = 1.0 / math.sqrt(attn.head_dim)
+    scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
     u, residual = head.attention_input(token_embeds, head.fuse(aux))
     q, kk, vv = attn.project(u, *head.rope(torch.arange(t, device=device)[None]))
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
@@ -251,8 +250,9 @@ def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor
         own_v = vv.permute(0, 2, 1, 3)[:, :, :, None]
         new_k = own_k if anc_k is None else torch.cat([anc_k, own_k], dim=3)
         new_v = own_v if anc_v is None else torch.cat([anc_v, own_v], dim=3)
-        idx = slot[:, :, None, None, None].expand(-1, -1, *new_k.shape[2:])
-        anc_k, anc_v = new_k.gather(1, idx), new_v.gather(1, idx)
+        pick = slot[:, :, None, None, None]                  # keys and values may differ in width (MLA)
+        anc_k = new_k.gather(1, pick.expand(-1, -1, *new_k.shape[2:]))
+        anc_v = new_v.gather(1, pick.expand(-1, -1, *new_v.shape[2:]))
         hidden = out.gather(1, slot[..., None].expand(-1, -1, out.shape[-1]))
         frontier, f_scores = first + best, cand.gather(1, best)
     cat = lambda xs: torch.cat(xs, dim=1)

@@ -1,0 +1,331 @@
+"""The MLA EAGLE-3 head (Eagle3DeepseekV2ForCausalLM): strict loading, the draft forward against the MLA
+formulas written out here (three draft steps over a cache), DeepSeek yarn against transformers' own,
+the key audit, load-time checks, and the loop lossless vs plain greedy with a tiny DeepSeek-V3 target,
+the profile equal to the loop."""
+
+import json
+import math
+
+import pytest
+import torch
+from fixtures import VOCAB, make_target, train_head, write_prompts
+from safetensors.torch import load_file, save_file
+
+from eagle_eval import api
+from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.models.head_config import HeadConfig, MLASettings
+from eagle_eval.models.head_io import CheckpointError, load_head, save_head
+from eagle_eval.models.heads import DraftCache
+from eagle_eval.models.mla_head import MLAHead, deepseek_yarn, softmax_scale
+
+H, HEADS, NOPE, ROPE, V_DIM, KV_RANK, Q_RANK = 48, 4, 8, 8, 12, 16, 16
+YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 1.0}                       # DeepSeek-V3's shape, tiny context
+VARIANTS = {
+    "yarn": dict(rope_scaling=YARN),
+    "yarn-mscale": dict(rope_scaling={**YARN, "mscale": 0.8, "mscale_all_dim": 0.5}),   # cos/sin scale != 1
+    "no-scaling": dict(rope_scaling=None),
+    "q_proj": dict(rope_scaling=YARN, q_lora_rank=None),
+    "eagle3.1": dict(rope_scaling=YARN, fc_norm=True, norm_output=True),
+}
+P = "layers.0.self_attn."
+
+
+def mla_config(q_lora_rank=Q_RANK, draft_vocab=VOCAB, rope_theta=10000.0, **kw) -> HeadConfig:
+    return HeadConfig(hidden_size=H, num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=NOPE + ROPE,
+                      intermediate_size=64, vocab_size=VOCAB, draft_vocab_size=draft_vocab, target_hidden_size=H,
+                      rope_theta=rope_theta, max_position_embeddings=512, rope_interleaved=True,
+                      mla=MLASettings(q_lora_rank, KV_RANK, NOPE, ROPE, V_DIM), **kw)
+
+
+def random_mla_head(path, seed=0, **kw):
+    """Every weight random, norm weights 1 + noise, saved in the mla layout."""
+    torch.manual_seed(seed)
+    head = MLAHead(mla_config(**kw))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if p.dim() == 1 else 0.3 * torch.randn_like(p))
+    save_head(head, path, dialect="mla")
+    return path
+
+
+# -- the formulas, written out (DeepSeek-V2 paper section 2.1; the engines' MLA, see models/mla_head.py) ----
+
+def rms(x, w, eps=1e-6):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def mscale(factor, m):
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
+def yarn(d, theta, sc):
+    """(inv_freq [d/2] float64, cos/sin factor, softmax factor): YaRN one frequency at a time."""
+    base = [theta ** (-2 * i / d) for i in range(d // 2)]
+    if sc is None:
+        return torch.tensor(base, dtype=torch.float64), 1.0, 1.0
+    factor, orig = sc["factor"], sc["original_max_position_embeddings"]
+
+    def dim_of(rotations):            # the frequency index that turns `rotations` times over `orig` positions
+        return d * math.log(orig / (2 * math.pi * rotations)) / (2 * math.log(theta))
+
+    lo, hi = max(math.floor(dim_of(sc.get("beta_fast", 32))), 0), min(math.ceil(dim_of(sc.get("beta_slow", 1))), d - 1)
+    out = []
+    for i, f in enumerate(base):
+        t = min(max((i - lo) / (hi - lo if hi != lo else 0.001), 0.0), 1.0)      # 0 keep, 1 interpolate
+        out.append(f * (1 - t) + f / factor * t)
+    all_dim = mscale(factor, sc.get("mscale_all_dim", 0))
+    return torch.tensor(out, dtype=torch.float64), mscale(factor, sc.get("mscale", 1)) / all_dim, all_dim ** 2
+
+
+def rotate_pairs(x, pos, inv):
+    """x [..., T, d]: rotate dims (2i, 2i+1) by angle pos * inv[i]."""
+    ang = pos[:, None].double() * inv[None]
+    c, s = ang.cos(), ang.sin()
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+
+
+def ref_fuse(w, aux, kw):
+    if kw.get("fc_norm"):
+        aux = torch.cat([rms(a, w[f"fc_norm.{i}.weight"]) for i, a in enumerate(aux.chunk(3, dim=-1))], dim=-1)
+    return aux @ w["fc.weight"].T
+
+
+def ref_step(w, kw, e, g, pos, past):
+    """One decoder-layer call: e, g [T, H]; past = (keys [h, P, nope+rope], values [h, P, v]) or None."""
+    u = torch.cat([rms(e, w["layers.0.input_layernorm.weight"]), rms(g, w["layers.0.hidden_norm.weight"])], -1)
+    t = u.shape[0]
+    if kw.get("q_lora_rank", Q_RANK) is None:
+        q = u @ w[P + "q_proj.weight"].T
+    else:
+        q = rms(u @ w[P + "q_a_proj.weight"].T, w[P + "q_a_layernorm.weight"]) @ w[P + "q_b_proj.weight"].T
+    q = q.view(t, HEADS, NOPE + ROPE).transpose(0, 1)                                     # [h, T, 16]
+    latent = u @ w[P + "kv_a_proj_with_mqa.weight"].T                                     # [T, 16 + 8]
+    kv = rms(latent[:, :KV_RANK], w[P + "kv_a_layernorm.weight"]) @ w[P + "kv_b_proj.weight"].T
+    kv = kv.view(t, HEADS, NOPE + V_DIM).transpose(0, 1)                                  # [h, T, 8 + 12]
+    inv, cs, sm = yarn(ROPE, kw.get("rope_theta", 10000.0), kw.get("rope_scaling"))
+    q_pe = rotate_pairs(q[..., NOPE:], pos, inv) * cs
+    k_pe = rotate_pairs(latent[:, KV_RANK:], pos, inv) * cs                               # [T, 8], every head
+    k = torch.cat([kv[..., :NOPE], k_pe.expand(HEADS, t, ROPE)], dim=-1)
+    v = kv[..., NOPE:]
+    q = torch.cat([q[..., :NOPE], q_pe], dim=-1)
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+    p = k.shape[1] - t
+    ctx = torch.zeros(HEADS, t, V_DIM, dtype=u.dtype)
+    for h in range(HEADS):
+        for i in range(t):
+            scores = k[h, : p + i + 1] @ q[h, i] * (NOPE + ROPE) ** -0.5 * sm
+            ctx[h, i] = torch.softmax(scores, dim=0) @ v[h, : p + i + 1]
+    s = g + ctx.transpose(0, 1).reshape(t, -1) @ w[P + "o_proj.weight"].T
+    x = rms(s, w["layers.0.post_attention_layernorm.weight"])
+    mlp = (torch.nn.functional.silu(x @ w["layers.0.mlp.gate_proj.weight"].T) * (x @ w["layers.0.mlp.up_proj.weight"].T)) \
+        @ w["layers.0.mlp.down_proj.weight"].T
+    out = s + mlp
+    normed = rms(out, w["norm.weight"])
+    return normed @ w["lm_head.weight"].T, normed if kw.get("norm_output") else out, (k, v)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_draft_forward_equals_the_formulas(tmp_path, name):
+    kw = VARIANTS[name]
+    path = random_mla_head(tmp_path / "h", **kw)
+    head = load_head(path).head.double()
+    w = {k: t.double() for k, t in load_file(path / "model.safetensors").items()}
+    torch.manual_seed(1)
+    aux, e = torch.randn(7, 3 * H).double() * 3, torch.randn(9, H).double()
+    cache = DraftCache()
+    out = head.step(e[None, :7], head.fuse(aux[None]), torch.arange(7)[None], cache)       # 7 real pairs
+    out2 = head.step(e[None, 7:8], out[:, -1:], torch.tensor([[7]]), cache)                # draft step 2
+    out3 = head.step(e[None, 8:9], out2, torch.tensor([[8]]), cache)                       # draft step 3
+    assert len(cache) == 9
+    logits, nxt, past = ref_step(w, kw, e[:7], ref_fuse(w, aux, kw), torch.arange(7), None)
+    logits2, nxt2, past = ref_step(w, kw, e[7:8], nxt[-1:], torch.tensor([7]), past)
+    logits3, _, _ = ref_step(w, kw, e[8:9], nxt2, torch.tensor([8]), past)
+    # float64 throughout except the head's RoPE angles (float32, as the engines compute them)
+    for mine, ref in ((out, logits), (out2, logits2), (out3, logits3)):
+        torch.testing.assert_close(head.lm(mine)[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_yarn_and_softmax_scale_match_transformers_deepseek_v3():
+    """Where transformers' DeepSeek-V3 and the engines agree (mscale == mscale_all_dim, as DeepSeek-V3 and Kimi
+    ship), our yarn frequencies, cos/sin factor and softmax scale are transformers' own."""
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    tcfg = DeepseekV3Config(hidden_size=H, num_attention_heads=HEADS, num_key_value_heads=HEADS, q_lora_rank=Q_RANK,
+                            kv_lora_rank=KV_RANK, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V_DIM,
+                            rope_scaling=dict(YARN), rope_theta=10000.0, max_position_embeddings=512)
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](tcfg, "cpu")
+    mine, my_factor = deepseek_yarn(ROPE, 10000.0, YARN)
+    torch.testing.assert_close(mine, inv.float())
+    assert my_factor == pytest.approx(factor)
+    assert softmax_scale(mla_config(rope_scaling=YARN)) == pytest.approx(DeepseekV3Attention(tcfg, 0).scaling)
+    assert softmax_scale(mla_config(rope_scaling=YARN)) > (NOPE + ROPE) ** -0.5 * 1.2     # mscale^2 ~ 1.296 is in
+
+
+# -- strict loading ---------------------------------------------------------------------------------------
+
+def _rewrite(path, fn):
+    tensors = load_file(path / "model.safetensors")
+    fn(tensors)
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+def _set_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    for k in [k for k, v in changes.items() if v is None]:
+        cfg.pop(k)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_round_trip_and_both_layer_prefixes(tmp_path):
+    path = random_mla_head(tmp_path / "h", rope_scaling=YARN)
+    loaded = load_head(path)
+    assert loaded.dialect == "mla" and isinstance(loaded.head, MLAHead) and loaded.head.config.kind == "mla"
+    assert loaded.head.config.mla == MLASettings(Q_RANK, KV_RANK, NOPE, ROPE, V_DIM)
+    assert loaded.key_audit.unknown == [] and loaded.key_audit.engine_math == {}
+    tensors = load_file(path / "model.safetensors")
+    assert list(tensors[P + "kv_a_proj_with_mqa.weight"].shape) == [KV_RANK + ROPE, 2 * H]    # the 2H input
+    assert list(tensors[P + "q_a_proj.weight"].shape) == [Q_RANK, 2 * H]
+    assert list(tensors[P + "kv_b_proj.weight"].shape) == [HEADS * (NOPE + V_DIM), KV_RANK]
+    assert list(tensors[P + "o_proj.weight"].shape) == [H, HEADS * V_DIM]
+    renamed = tmp_path / "midlayer"
+    renamed.mkdir()
+    (renamed / "config.json").write_text((path / "config.json").read_text())
+    save_file({k.replace("layers.0.", "midlayer."): v for k, v in tensors.items()}, str(renamed / "model.safetensors"))
+    other = load_head(renamed)
+    for (k, a), (_, b) in zip(loaded.head.state_dict().items(), other.head.state_dict().items()):
+        assert torch.equal(a, b), k
+    _rewrite(renamed, lambda t: t.update({"layers.0.hidden_norm.weight": t["midlayer.hidden_norm.weight"].clone()}))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensors named both 'midlayer\.\*' and 'layers\.0"):
+        load_head(renamed)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.pop(P + "kv_b_proj.weight"),
+     rf"missing tensor '{P}kv_b_proj.weight' \(expected shape \[{HEADS * (NOPE + V_DIM)}, {KV_RANK}\]\)"),
+    (lambda t: t.update({P + "kv_a_proj_with_mqa.weight": torch.zeros(KV_RANK + ROPE, H)}),
+     rf"tensor '{P}kv_a_proj_with_mqa.weight' has shape \[{KV_RANK + ROPE}, {H}\], expected \[{KV_RANK + ROPE}, "
+     rf"{2 * H}\] \(from config.json\)"),
+    (lambda t: t.update({P + "q_proj.weight": torch.zeros(HEADS * (NOPE + ROPE), 2 * H)}),
+     rf"unexpected tensor\(s\) \['{P}q_proj.weight'\] for dialect 'mla'"),
+    (lambda t: t.pop(P + "q_a_layernorm.weight"), rf"missing tensor '{P}q_a_layernorm.weight' \(expected shape \[16\]\)"),
+])
+def test_strict_loading_names_file_key_and_shapes(tmp_path, change, message):
+    path = random_mla_head(tmp_path / "h", rope_scaling=YARN)
+    _rewrite(path, change)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: " + message):
+        load_head(path)
+
+
+def test_q_lora_rank_null_needs_q_proj(tmp_path):
+    path = random_mla_head(tmp_path / "h", q_lora_rank=None)
+    assert P + "q_proj.weight" in load_file(path / "model.safetensors")
+    _set_config(path, q_lora_rank=Q_RANK)
+    with pytest.raises(CheckpointError, match=rf"missing tensor '{P}q_a_proj.weight'"):
+        load_head(path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(kv_lora_rank=None), r"missing key 'kv_lora_rank'"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), r"'rope_scaling' has type 'linear'"),
+    (dict(rope_scaling={"type": "yarn", "factor": 4.0}), r"'rope_scaling.original_max_position_embeddings' missing"),
+    (dict(attention_bias=True), r"'attention_bias' = true"),
+    (dict(norm_before_fc=True), r"'norm_before_fc' = true; neither engine's MLA head"),
+    (dict(model_type="llama"), r"'model_type' = 'llama'"),
+    (dict(qk_rope_head_dim=7), r"qk_rope_head_dim=7 is odd"),
+    (dict(draft_vocab_size=40), r"tensor 'd2t' has shape \[96\], expected \[40\]"),
+])
+def test_bad_config_is_one_clear_error(tmp_path, changes, message):
+    path = random_mla_head(tmp_path / "h", rope_scaling=YARN)
+    _set_config(path, **changes)
+    with pytest.raises(CheckpointError, match=r"config\.json: |model\.safetensors: "):
+        load_head(path)
+    with pytest.raises(CheckpointError, match=message):
+        load_head(path)
+
+
+def test_reduced_vocab_needs_d2t(tmp_path):
+    path = random_mla_head(tmp_path / "h", rope_scaling=YARN, draft_vocab=40)
+    assert list(load_head(path).head.lm_head.weight.shape) == [40, H]
+    _rewrite(path, lambda t: (t.pop("d2t"), t.pop("t2d")))
+    with pytest.raises(CheckpointError, match=r"missing tensor 'd2t' but draft_vocab_size=40 < vocab_size=96"):
+        load_head(path)
+
+
+def test_key_audit_for_mla_configs(tmp_path):
+    path = random_mla_head(tmp_path / "h", rope_scaling=YARN)
+    _set_config(path, n_routed_experts=256, moe_intermediate_size=2048, first_k_dense_replace=3, head_dim=ROPE,
+                rope_interleave=True)
+    audit = load_head(path).key_audit
+    assert "MoE" in audit.harmless["n_routed_experts"] and "qk_rope_head_dim" in audit.harmless["head_dim"]
+    assert {"q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "rope_interleave"} <= set(audit.consumed)
+    assert audit.unknown == []
+    for key, value in (("index_topk", 2048), ("use_aux_norm", True), ("apply_yarn_scaling", False)):
+        bad = random_mla_head(tmp_path / key, rope_scaling=YARN)
+        _set_config(bad, **{key: value})
+        with pytest.raises(CheckpointError, match=rf"'{key}' = {value!r}.*--allow-unknown-head-keys"):
+            load_head(bad)
+        assert list(load_head(bad, allow_unknown_keys=True).key_audit.engine_math) == [key]
+
+
+# -- the loop with a tiny DeepSeek-V3 target: lossless, the profile equal to it, the report and checks -------
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mla")
+    target = make_target(root / "target", family="deepseek_v3", seed=3,
+                         overrides=dict(q_lora_rank=Q_RANK, rope_scaling=dict(YARN)))
+    prompts = write_prompts(root / "prompts.jsonl", n=4, seed=1)
+    head = train_head(target, root / "head", prompts, aux_hf=(2, 4, 5), steps=12, num_steps=3, new_tokens=24,
+                      dialect="mla", head_cfg=mla_config(rope_scaling=dict(YARN)))
+    return root, target, prompts, head
+
+
+def test_loop_lossless_and_profile_equal(world):
+    _, target, prompts, head = world
+    cfg = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3)
+    checked = api.evaluate(RunConfig(**{**cfg.as_dict(), "check_lossless": True}), progress=False)
+    assert checked.report["summary"]["lossless"] is True and checked.report["summary"]["lossless_checked"] == 4
+    loop = api.evaluate(cfg, progress=False)
+    prof = api.profile(ProfileConfig(run=cfg, max_steps=3), progress=False).report["by_num_steps"]["3"]
+    assert prof["per_position"] == loop.report["per_position"] and prof["histogram"] == loop.report["histogram"]
+    assert prof["summary"] == loop.report["summary"]
+    rates = [p["conditional_rate"] for p in loop.report["per_position"]]
+    assert 0 < rates[0] < 1, rates                     # the equalities above are not about a trivial draft
+    echo = loop.report["config"]["head"]
+    assert echo["kind"] == "mla" and echo["dialect"] == "mla"
+    assert echo["mla"]["q_lora_rank"] == Q_RANK and echo["mla"]["kv_lora_rank"] == KV_RANK
+    assert echo["mla"]["qk_rope_head_dim"] == ROPE and "GPT-J" in echo["mla"]["rope"]
+    assert echo["rope_scaling"]["factor"] == YARN["factor"] and echo["variant"]["kind"] == "mla"
+    codes = {f["code"]: f["severity"] for f in loop.report["config"]["sanity"]}
+    assert codes["mla-head"] == "info" and codes["mla-rope"] == "info"
+    assert "mla-rope-mismatch" not in codes and "rope-interleaved" not in codes
+
+
+def test_tree_loop_lossless_and_profile_equal(world):
+    """Trees drive the same attention interface (K frontier queries over the cache and their ancestors)."""
+    _, target, prompts, head = world
+    run = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3,
+                    topk=2, num_draft_tokens=6)
+    loop = api.evaluate(RunConfig(**{**run.as_dict(), "check_lossless": True}), progress=False)
+    assert loop.report["summary"]["lossless"] is True
+    prof = api.profile(ProfileConfig(run=run, max_steps=3), progress=False)
+    for a, b in zip(loop.samples, prof.samples):
+        assert a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"]["3"]
+    assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
+
+
+def test_rope_mismatch_with_the_target_is_a_warning(world, tmp_path):
+    _, target, prompts, _ = world
+    path = random_mla_head(tmp_path / "h", rope_scaling={**YARN, "factor": 8.0}, q_lora_rank=None)
+    _set_config(path, rope_interleave=False)
+    oracle = api.load_oracle(RunConfig(target=str(target), draft=str(path), prompts=str(prompts)))
+    found = {f["code"]: f for f in oracle.resolved["sanity"]}
+    assert found["mla-rope-mismatch"]["severity"] == "warning"
+    assert "rope_scaling.factor 8.0 vs 4.0" in found["mla-rope-mismatch"]["message"]
+    assert found["mla-q-proj"]["severity"] == "warning" and found["mla-rope-interleave"]["severity"] == "warning"
