@@ -82,7 +82,7 @@ class Recipe:
     rope_theta: float = 100000.0   # the target's
     ttt_steps: int = 5
     ttt_decay: float = 0.8
-    steps: int = 240
+    steps: int = 480
     batch_tokens: int = 2048       # padded tokens per training batch
     lr: float = 2e-3
     eval_steps: int = 7            # validation accuracy reported for draft steps 1..eval_steps

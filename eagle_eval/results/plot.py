@@ -64,7 +64,7 @@ def plot_results(results: list[Result], path: str | Path) -> None:
         _curves(left, results)
         _tau_bars(right, results)
         fig.tight_layout()
-        fig.savefig(path, format="png", dpi=100)
+        _save_png(fig, path)
     finally:
         plt.close(fig)
 
@@ -85,5 +85,18 @@ def plot_ablation(path: Path, rows: list[dict]) -> None:
     for ax in (ax1, ax2):
         ax.legend(fontsize="x-small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        _save_png(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def _save_png(fig, path) -> None:
+    """Render to memory, then write the file atomically (results/run_folder.write_atomic)."""
+    import io
+
+    from eagle_eval.results.run_folder import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    write_atomic(path, buf.getvalue())

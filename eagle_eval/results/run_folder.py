@@ -76,12 +76,13 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write a whole file: temporary file in the same folder, then rename; a crash never leaves half of it."""
+def write_atomic(path: str | Path, text: str | bytes) -> None:
+    """Write a whole file (text or bytes): temporary file in the same folder, then rename; a crash never
+    leaves half of it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
