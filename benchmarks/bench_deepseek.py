@@ -33,15 +33,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench_gpu  # noqa: E402
 from bench_gpu import bench_loop, sync, timed  # noqa: E402
 
 from eagle_eval.api import Oracle  # noqa: E402
-from eagle_eval.config import RunConfig  # noqa: E402
-from eagle_eval.models.capture import resolve_aux_layers  # noqa: E402
 from eagle_eval.models.head_io import vocab_map_from_used  # noqa: E402
 from eagle_eval.models.heads import Eagle3Head, HeadConfig  # noqa: E402
-from eagle_eval.models.target import Target  # noqa: E402
-from eagle_eval.spec import chain  # noqa: E402
 from eagle_eval.spec.profile import greedy_continuations  # noqa: E402
 
 # DeepSeek-V3 / Kimi-K2 widths (config.json of deepseek-ai/DeepSeek-V3); layers cut to fit one GPU
@@ -84,17 +81,8 @@ def build(tiny: bool, layers: int, device: str, dtype):
 
 
 def make_oracle(model, head, num_steps: int, max_new: int) -> Oracle:
-    target = Target(model)
-    device = target.output_device
-    table = model.get_input_embeddings()
-    embed = lambda ids: table(ids.to(table.weight.device)).to(device)          # noqa: E731
-    aux = resolve_aux_layers(target.num_layers, cli_ids=(1, 2, 3), cli_convention="hf")
-    spec = chain.Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf)
-    cfg = RunConfig(num_steps=num_steps, max_new_tokens=max_new, prompts="(in memory)")
-    resolved = {"num_steps": num_steps, "topk": 1, "num_draft_tokens": num_steps + 1, "aux_layers": aux.as_dict(),
-                "embedding": "target", "dtype": str(model.dtype)}
-    return Oracle(config=cfg, speculator=spec, tokenizer=SimpleNamespace(pad_token_id=0), eos_ids=set(),
-                  resolved=resolved)
+    """bench_gpu's oracle with the taps HF[1, 2, 3] (the defaults collide at N = 4)."""
+    return bench_gpu.make_oracle(model, head, num_steps, max_new, aux_hf=(1, 2, 3))
 
 
 def peak_gib() -> float | None:

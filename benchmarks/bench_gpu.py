@@ -89,13 +89,14 @@ def build(shape, device, dtype):
     return model, head.to(device=device, dtype=dtype).eval()
 
 
-def make_oracle(model, head, num_steps, max_new):
+def make_oracle(model, head, num_steps, max_new, aux_hf=None):
+    """An Oracle over an in-memory target + head; aux_hf: HF indices (default: the engine defaults)."""
     target = Target(model)
     device = target.output_device
     head.to(device)
     table = model.get_input_embeddings()
     embed = lambda ids: table(ids.to(table.weight.device)).to(device)          # noqa: E731
-    aux = resolve_aux_layers(target.num_layers)
+    aux = resolve_aux_layers(target.num_layers, cli_ids=aux_hf, cli_convention="hf")
     spec = chain.Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf)
     cfg = RunConfig(num_steps=num_steps, max_new_tokens=max_new, prompts="(in memory)")
     resolved = {"num_steps": num_steps, "topk": 1, "num_draft_tokens": num_steps + 1, "aux_layers": aux.as_dict(),

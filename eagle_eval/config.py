@@ -146,24 +146,24 @@ class RunConfig:
         return {k: (None if k == "prompts" and self.dataset else getattr(self, k)) for k in self.INPUT_PATHS}
 
 
-def parse_ids(text: str | None) -> tuple[int, ...] | None:
-    """'1,15,28' or '[1, 15, 28]' -> (1, 15, 28)."""
+def _parse_list(text: str | None, cast, message: str) -> tuple | None:
+    """'1,15,28' or '[1, 15, 28]' -> a tuple of cast values; None or blank -> None."""
     if text is None or not str(text).strip():
         return None
     try:
-        return tuple(int(p) for p in str(text).strip("[] ").split(",") if p.strip())
+        return tuple(cast(p) for p in str(text).strip("[] ").split(",") if p.strip())
     except ValueError as exc:
-        raise ConfigError(f"--aux-layers must be comma-separated integers, got {text!r}") from exc
+        raise ConfigError(f"{message}, got {text!r}") from exc
+
+
+def parse_ids(text: str | None) -> tuple[int, ...] | None:
+    """'1,15,28' or '[1, 15, 28]' -> (1, 15, 28)."""
+    return _parse_list(text, int, "--aux-layers must be comma-separated integers")
 
 
 def parse_floats(text: str | None, option: str) -> tuple[float, ...] | None:
     """'0.8,0.7,0.6' -> (0.8, 0.7, 0.6); None or blank -> None."""
-    if text is None or not str(text).strip():
-        return None
-    try:
-        return tuple(float(p) for p in str(text).strip("[] ").split(",") if p.strip())
-    except ValueError as exc:
-        raise ConfigError(f"{option} must be comma-separated numbers, got {text!r}") from exc
+    return _parse_list(text, float, f"{option} must be comma-separated numbers")
 
 
 def parse_names(text: str | None) -> tuple[str, ...] | None:
