@@ -126,8 +126,8 @@ def write_eval_prompts(evals: list[instr.Instruction]) -> None:
 # -- phases 4-5: the head ------------------------------------------------------------------------
 def build_head(target, used: torch.Tensor, recipe: Recipe):
     """An Eagle3Head shaped for the target; lm_head rows and final norm copied from the target."""
-    from eagle_eval.head_io import vocab_map_from_used
-    from eagle_eval.heads import Eagle3Head, HeadConfig
+    from eagle_eval.models.head_io import vocab_map_from_used
+    from eagle_eval.models.heads import Eagle3Head, HeadConfig
 
     tc = target.config
     cfg = HeadConfig(
@@ -155,7 +155,7 @@ def round_to_bf16(head) -> None:
 
 
 def save(head, out: Path, metrics: dict) -> None:
-    from eagle_eval.head_io import save_head
+    from eagle_eval.models.head_io import save_head
 
     sglang_ids = [i - 1 for i in AUX_HF]
     save_head(copy.deepcopy(head).to(torch.bfloat16), out, aux_layer_ids_sglang=sglang_ids)

@@ -102,3 +102,34 @@ def test_no_circle_between_modules():
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_scripts_benchmarks_and_tests_import_only_what_exists():
+    """Every eagle_eval import in scripts/, benchmarks/ and tests/ (function level too, where an
+    import runs only when a long build reaches it) names a module that exists and a name it defines
+    or imports: a package move must not leave a build script that fails after an hour."""
+    root = PACKAGE.parent
+    missing = []
+    for folder in ("scripts", "benchmarks", "tests"):
+        for path in sorted((root / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eagle_eval"):
+                    module = root / node.module.replace(".", "/")
+                    file = module.with_suffix(".py") if module.with_suffix(".py").exists() else module / "__init__.py"
+                    if not file.exists():
+                        missing.append(f"{path.name}:{node.lineno} {node.module}")
+                        continue
+                    tree = ast.parse(file.read_text())
+                    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+                    defined |= {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                                if isinstance(t, ast.Name)}
+                    defined |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+                    if any(a.name == "*" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names):
+                        continue                                      # a re-exporting shim (eagle_eval.testing)
+                    for alias in node.names:
+                        sub = module / alias.name
+                        if alias.name not in defined and not sub.with_suffix(".py").exists() and not sub.is_dir():
+                            missing.append(f"{path.name}:{node.lineno} {node.module}.{alias.name}")
+    assert not missing, missing
