@@ -17,6 +17,7 @@ from eagle_eval.config import (
     DATASET_FORMATS,
     DTYPE_CHOICES,
     EMBEDDING_CHOICES,
+    FP8_MATMUL_CHOICES,
     RunConfig,
     parse_floats,
     parse_ids,
@@ -53,6 +54,10 @@ def model_options(f):
         click.option("--device-map", default="auto", show_default=True, help="auto | cpu | cuda:N"),
         click.option("--max-memory", default=None, help="Per device, e.g. 0=70GiB,1=70GiB,cpu=100GiB"),
         click.option("--trust-remote-code", is_flag=True, default=False),
+        click.option("--fp8-matmul", type=click.Choice(FP8_MATMUL_CHOICES), default="auto", show_default=True,
+                     help="A block-FP8 target kept FP8 on the GPU: kernel = transformers' FP8 kernel (needs the "
+                          "`kernels` package and its Hub kernel), dequantize = eagle-eval dequantizes each weight "
+                          "per forward (W8A16), auto = the kernel when it loads."),
         click.option("--overwrite", is_flag=True, default=False,
                      help="Replace the results already in --output-dir (their files are removed first)."),
         click.option("--allow-unknown-head-keys", is_flag=True, default=False,

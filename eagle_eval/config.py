@@ -19,6 +19,7 @@ BUNDLED_PROMPTS = REPO_ROOT / "data" / "prompts.jsonl"
 EMBEDDING_CHOICES = ("auto", "target", "own")
 AUX_CONVENTIONS = ("sglang", "vllm", "hf", "boundary")    # models/capture.py CONVENTIONS
 DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
+FP8_MATMUL_CHOICES = ("auto", "kernel", "dequantize")     # models/fp8_matmul.py
 # dataset readers (eagle_eval/datasets.py); "prompts" is the plain prompt JSONL of --prompts
 DATASET_FORMATS = ("mt_bench", "spec_bench", "gsm8k", "humaneval", "alpaca", "sharegpt", "prompts")
 
@@ -43,6 +44,7 @@ class RunConfig:
     device_map: str = "auto"
     max_memory: str | None = None
     trust_remote_code: bool = False
+    fp8_matmul: str = "auto"                 # a target held in block FP8: transformers' kernel or eagle-eval's dequantizing
     allow_unknown_head_keys: bool = False    # proceed past head config keys that change an engine's math
     check_lossless: bool = False
     limit: int | None = None                 # evaluate the first N questions only (after categories, shuffle)
@@ -79,6 +81,8 @@ class RunConfig:
             raise ConfigError(f"--draft-embedding must be one of {EMBEDDING_CHOICES}, got {self.draft_embedding!r}")
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
+        if self.fp8_matmul not in FP8_MATMUL_CHOICES:
+            raise ConfigError(f"--fp8-matmul must be one of {FP8_MATMUL_CHOICES}, got {self.fp8_matmul!r}")
         eagle = (self.eagle_depth, self.eagle_top_k, self.eagle_total_token)
         if any(v is not None for v in eagle):
             if any(v is None for v in eagle):

@@ -141,7 +141,8 @@ def load_oracle(config: RunConfig) -> Oracle:
     notes += spec_notes
     dtype = _resolve_dtype(config.dtype)
     target, tokenizer = load_target(config.target, dtype=dtype, device_map=config.device_map,
-                                    max_memory=config.max_memory, trust_remote_code=config.trust_remote_code)
+                                    max_memory=config.max_memory, trust_remote_code=config.trust_remote_code,
+                                    fp8_matmul=config.fp8_matmul)
     loaded = load_head(config.draft, allow_unknown_keys=config.allow_unknown_head_keys)
     notes += loaded.key_notes
     head = loaded.head

@@ -54,10 +54,11 @@ def _rewrite(path: Path, tensors: dict, quantization_config: dict) -> Path:
     return path
 
 
-def make_fp8_target(path: Path, block: tuple[int, int] = (16, 16), num_layers: int = 3, seed: int = 0) -> Path:
+def make_fp8_target(path: Path, block: tuple[int, int] = (16, 16), num_layers: int = 3, seed: int = 0,
+                    overrides: dict | None = None) -> Path:
     from safetensors.torch import load_file
 
-    make_target(path, family="deepseek_v3", num_layers=num_layers, seed=seed, overrides=DSV3)
+    make_target(path, family="deepseek_v3", num_layers=num_layers, seed=seed, overrides=DSV3 | (overrides or {}))
     out = {}
     for key, w in load_file(path / "model.safetensors").items():
         if PROJ.match(key):
@@ -66,6 +67,25 @@ def make_fp8_target(path: Path, block: tuple[int, int] = (16, 16), num_layers: i
             out[key] = w
     return _rewrite(path, out, {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                 "weight_block_size": list(block)})
+
+
+def write_dequantized_copy(fp8: Path, out: Path, block: tuple[int, int]) -> Path:
+    """The FP8 target's weights dequantized key by key with the format's formula (fp8_block_dequantize)
+    into a plain fp32 checkpoint at `out`: the same model without quantization_config."""
+    from safetensors.torch import load_file, save_file
+
+    stored = load_file(fp8 / "model.safetensors")
+    plain = {k: (fp8_block_dequantize(v, stored[k + "_scale_inv"], block) if k + "_scale_inv" in stored else v)
+             for k, v in stored.items() if not k.endswith("_scale_inv")}
+    out.mkdir(parents=True)
+    for f in fp8.iterdir():
+        if f.name != "model.safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    config = json.loads((out / "config.json").read_text())
+    del config["quantization_config"]
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(plain, out / "model.safetensors", metadata={"format": "pt"})
+    return out
 
 
 def make_int4_target(path: Path, group_size: int = 16, scope: str = "experts", num_layers: int = 3,

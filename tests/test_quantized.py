@@ -113,3 +113,132 @@ def test_loop_equals_generate_and_profile_equals_loop(built, kind):
     quant = loop.report["config"]["target"]["quantization"]
     assert quant["method"] == ("fp8" if kind == "fp8" else "compressed-tensors")
     assert f"quant   {quant['summary']}" in render_table(loop.report).splitlines()
+
+
+# -- a block-FP8 target held in FP8 (what transformers does on a GPU) --------------------------------
+@pytest.fixture
+def gpu_without_fp8_kernels():
+    """transformers' view of a Hopper machine: FP8 stays FP8 at load (FP8Linear / FP8Experts), and the
+    first forward needs the `kernels` package and its Hub kernel, absent here as on the offline GPU
+    machine. The modules live on the CPU, where eagle-eval's dequantizing matmul runs them."""
+    from unittest import mock
+
+    with mock.patch("torch.cuda.is_available", return_value=True), \
+            mock.patch("torch.cuda.get_device_capability", return_value=(9, 0)), \
+            mock.patch("torch.cuda.get_device_name", return_value="a simulated Hopper GPU (CPU test)"):
+        yield
+
+
+def test_held_fp8_without_the_kernel_fails_in_transformers_and_runs_dequantized(built, gpu_without_fp8_kernels):
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(str(built["fp8"]), dtype=torch.float32, device_map={"": "cpu"})
+    assert {"FP8Linear", "float8_e4m3fn"} <= {type(m).__name__ for m in plain.modules()} | {
+        str(p.dtype).removeprefix("torch.") for p in plain.parameters()}
+    ids = torch.randint(5, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ImportError, match="kernel"):
+        plain(ids)                                      # the failure seen on the GPU machine
+    held, _ = load_target(str(built["fp8"]), dtype="fp32", device_map="cpu")
+    info = held.info.quantization
+    assert info["fp8_matmul"]["matmul"] == "dequantize" and "ImportError" in info["fp8_matmul"]["kernel"]
+    assert info["held_quantized_modules"] == 26 and "kept fp8; eagle-eval's dequantizing matmul" in info["summary"]
+    one_byte = sorted(n for n, p in held.model.named_parameters() if p.dtype == torch.float8_e4m3fn)
+    assert len(one_byte) == 24 + 2 * 2 and "model.layers.1.mlp.experts.gate_up_proj" in one_byte   # still FP8
+    # fp32: dequantize-per-forward and transformers' dequantize-on-load compute the same weights
+    with mock_cuda_off():
+        loaded, _ = load_target(str(built["fp8"]), dtype="fp32", device_map="cpu")
+    assert loaded.info.quantization["held_quantized_modules"] == 0
+    assert torch.equal(held.forward(ids, None), loaded.forward(ids, None))
+
+
+def mock_cuda_off():
+    from unittest import mock
+    return mock.patch("torch.cuda.is_available", return_value=False)
+
+
+def test_held_fp8_loop_equals_its_generate_and_profile_equals_loop(built, gpu_without_fp8_kernels):
+    cfg = run_config(built, "fp8", device_map="cpu")
+    oracle = api.load_oracle(cfg)
+    assert oracle.speculator.target.info.quantization["fp8_matmul"]["matmul"] == "dequantize"
+    loop = api.evaluate(cfg, progress=False)
+    model = oracle.speculator.target.model
+    for sample, row in zip(loop.samples, load_workload(cfg, oracle.tokenizer).first_prompts):
+        ids = torch.tensor([row.input_ids])
+        expected = model.generate(ids, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                                  eos_token_id=sorted(oracle.eos_ids), pad_token_id=0)[0, ids.shape[1]:].tolist()
+        assert sample.output_ids == expected, sample.id
+    prof = api.profile(ProfileConfig(run=cfg, max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
+    assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
+    assert loop.report["config"]["target"]["quantization"]["fp8_matmul"]["matmul"] == "dequantize"
+
+
+def test_fp8_kernel_mode_refused_where_the_kernel_cannot_load(built, gpu_without_fp8_kernels):
+    from eagle_eval.models.fp8_matmul import Fp8MatmulError
+
+    with pytest.raises(Fp8MatmulError, match="--fp8-matmul kernel: .*ImportError.*use --fp8-matmul dequantize"):
+        load_target(str(built["fp8"]), dtype="fp32", device_map="cpu", fp8_matmul="kernel")
+
+
+@pytest.mark.parametrize("shape", [(40, 24), (576, 7168 // 56), (16, 16), (3, 5)])
+def test_dequantize_blocks_partial_last_blocks(shape):
+    """Dims that are not a multiple of the block (DeepSeek-V3's kv_a_proj_with_mqa has 576 rows at
+    block 128): the last block is partial; the test's formula is the checkpoint format's."""
+    from quant_fixtures import fp8_block_quantize
+
+    from eagle_eval.models.fp8_matmul import dequantize_blocks
+
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    q, scale = fp8_block_quantize(w, (16, 16))
+    assert torch.equal(dequantize_blocks(q, scale, (16, 16), torch.float32), fp8_block_dequantize(q, scale, (16, 16)))
+    stacked = dequantize_blocks(torch.stack([q, q]), torch.stack([scale, 2 * scale]), (16, 16), torch.float32)
+    assert torch.equal(stacked[1], 2 * fp8_block_dequantize(q, scale, (16, 16)))
+
+
+def test_dequantize_blocks_refuses_a_grid_that_does_not_fit_the_block():
+    from quant_fixtures import fp8_block_quantize
+
+    from eagle_eval.models.fp8_matmul import Fp8MatmulError, dequantize_blocks
+
+    q, scale = fp8_block_quantize(torch.randn(40, 24), (16, 16))        # grid 3 x 2
+    with pytest.raises(Fp8MatmulError, match=r"layer\.w: weight \(40, 24\) with block 8x8 needs a scale grid 5x3"):
+        dequantize_blocks(q, scale, (8, 8), torch.float32, "layer.w")
+
+
+def test_fp8_matmul_choices_agree():
+    from eagle_eval.config import FP8_MATMUL_CHOICES as CONFIG_CHOICES
+    from eagle_eval.models.fp8_matmul import FP8_MATMUL_CHOICES
+
+    assert CONFIG_CHOICES == FP8_MATMUL_CHOICES
+
+
+@pytest.fixture(scope="module", params=[32, 64])
+def partial_blocks(tmp_path_factory, request):
+    """Blocks 32x32 and 64x64 on the fixture's dims (48, 80, 96...): partial last blocks, as DeepSeek-V3's
+    576-row kv_a_proj_with_mqa at block 128; at 64 the experts' intermediate size (32) is below the
+    block, so the fused gate_up_proj carries a scale row per half. With the same weights dequantized by
+    the test, key by key, into a plain fp32 checkpoint (the format's formula, W = fp8 * scale_inv)."""
+    from quant_fixtures import write_dequantized_copy
+
+    b = request.param
+    root = tmp_path_factory.mktemp(f"partial{b}")
+    fp8 = make_fp8_target(root / "fp8", block=(b, b))
+    return fp8, write_dequantized_copy(fp8, root / "dequantized", (b, b))
+
+
+def test_partial_fp8_blocks_refused_where_transformers_dequantizes_on_load(partial_blocks):
+    from eagle_eval.models.target import TargetError
+
+    grid = "2x3" if "partial32" in str(partial_blocks[0]) else "1x2"
+    with pytest.raises(TargetError, match=r"fp8: 48 FP8 weight\(s\) are not a multiple of quantization_config"
+                                          r".weight_block_size, first model.layers.0.mlp.down_proj.weight 48x96 "
+                                          rf"\(grid {grid}\).*Load this target on a GPU"):
+        load_target(str(partial_blocks[0]), dtype="fp32", device_map="cpu")
+
+
+def test_partial_fp8_blocks_held_in_fp8_use_the_configured_block(partial_blocks, gpu_without_fp8_kernels):
+    held, _ = load_target(str(partial_blocks[0]), dtype="fp32", device_map="cpu")
+    assert held.info.quantization["fp8_matmul"]["matmul"] == "dequantize"
+    with mock_cuda_off():
+        plain, _ = load_target(str(partial_blocks[1]), dtype="fp32", device_map="cpu")
+    ids = torch.randint(5, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(held.forward(ids, None), plain.forward(ids, None))

@@ -96,8 +96,9 @@ def describe(info: dict) -> str:
             f"left unquantized: {left}")
 
 
-def quantization_info(model, folder: Path) -> dict | None:
-    """The resolved quantization of a loaded target (see the module contract), or None."""
+def quantization_info(model, folder: Path, fp8_matmul: dict | None = None) -> dict | None:
+    """The resolved quantization of a loaded target (see the module contract), or None. `fp8_matmul` is
+    models/fp8_matmul.resolve_fp8_matmul's answer for a target that holds FP8 modules."""
     config = json.loads((Path(folder) / "config.json").read_text())
     qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
     if not qc:
@@ -112,7 +113,39 @@ def quantization_info(model, folder: Path) -> dict | None:
         info["in_memory"] = f"dequantized on load to {', '.join(dtypes)}"
     elif info["method"] == "compressed-tensors":
         info["in_memory"] = "packed at load; compressed-tensors decompresses each module on its first forward"
+    elif fp8_matmul and fp8_matmul["matmul"] == "dequantize":
+        info["in_memory"] = "kept fp8; eagle-eval's dequantizing matmul (W8A16)"
+    elif fp8_matmul:
+        info["in_memory"] = "kept fp8; transformers' FP8 kernel (W8A8)"
     else:
-        info["in_memory"] = "kept quantized; transformers' FP8 matmuls need the `kernels` package"
+        info["in_memory"] = "kept quantized"
+    if fp8_matmul:
+        info["fp8_matmul"] = fp8_matmul
     info["summary"] = describe(info)
     return info
+
+
+def partial_fp8_blocks(folder: Path) -> list[str]:
+    """Block-FP8 weights whose shape is not a multiple of `weight_block_size` (safetensors headers only):
+    'name NxK (grid GnxGk)'. transformers' dequantize-on-load (Fp8Dequantize in
+    transformers/integrations/finegrained_fp8.py, 5.17..5.24) takes the block as shape // grid, which is
+    wrong when the last block is partial: it raises for some shapes and silently mis-scales others."""
+    from safetensors import safe_open
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    block = qc.get("weight_block_size")
+    if qc.get("quant_method") != "fp8" or not block:
+        return []
+    found = []
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            keys = set(f.keys())
+            for key in sorted(k for k in keys if k.endswith(".weight_scale_inv")):
+                weight = key.removesuffix("_scale_inv")
+                if weight not in keys:
+                    continue
+                shape, grid = f.get_slice(weight).get_shape(), f.get_slice(key).get_shape()
+                if len(shape) >= 2 and (shape[-2] % block[0] or shape[-1] % block[1]):
+                    found.append(f"{weight} {shape[-2]}x{shape[-1]} (grid {'x'.join(map(str, grid[-2:]))})")
+    return found

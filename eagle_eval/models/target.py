@@ -165,10 +165,29 @@ def _check_files(folder: Path, trust_remote_code: bool) -> None:
             raise TargetError(f"{index}: key 'weight_map' names {missing[0]}, which is not in {folder}")
 
 
+def _check_fp8_blocks(folder: Path) -> None:
+    """Refuse a block-FP8 checkpoint with partial blocks where transformers would dequantize it on load
+    (no GPU of compute capability >= 8.9 here): its dequantize-on-load infers the block from the grid."""
+    from eagle_eval.models.quant import partial_fp8_blocks
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
+        return                                # held in FP8; models/fp8_matmul.py uses the configured block
+    partial = partial_fp8_blocks(folder)
+    if partial:
+        raise TargetError(
+            f"{folder}: {len(partial)} FP8 weight(s) are not a multiple of quantization_config.weight_block_size, "
+            f"first {partial[0]}; transformers dequantizes FP8 on load on this machine (no GPU with FP8) and "
+            "takes the block as shape // grid, wrong for a partial last block. Load this target on a GPU "
+            "(compute capability >= 8.9), where it stays FP8 and eagle-eval dequantizes with the configured block")
+
+
 def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_memory: str | None = None,
-                trust_remote_code: bool = False):
-    """Load a local Hugging Face causal LM folder and its tokenizer -> (Target, tokenizer)."""
+                trust_remote_code: bool = False, fp8_matmul: str = "auto"):
+    """Load a local Hugging Face causal LM folder and its tokenizer -> (Target, tokenizer). A block-FP8
+    checkpoint held in FP8 runs its matmuls as `fp8_matmul` says (models/fp8_matmul.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from eagle_eval.models.fp8_matmul import resolve_fp8_matmul
 
     folder = Path(path)
     if not folder.is_dir():
@@ -183,6 +202,7 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
     if dm == "auto" and not torch.cuda.is_available():
         dm = {"": "cpu"}
     _check_files(folder, trust_remote_code)
+    _check_fp8_blocks(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=parse_max_memory(max_memory),
@@ -201,14 +221,16 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
         # batch-1 decoding of a small model: intra-op threads only add synchronisation (measured
         # 10 s with one thread vs 2 min with two on a busy 2-core machine, bundled pair, 8 prompts)
         torch.set_num_threads(1)
-    return with_quantization(Target(model, str(folder)), folder), tokenizer
+    fp8 = resolve_fp8_matmul(model, fp8_matmul)
+    return with_quantization(Target(model, str(folder)), folder, fp8), tokenizer
 
 
-def with_quantization(target: Target, folder: Path) -> Target:
-    """Record the checkpoint's quantization (method, bits, blocks, what stayed quantized) in `target.info`."""
+def with_quantization(target: Target, folder: Path, fp8_matmul: dict | None = None) -> Target:
+    """Record the checkpoint's quantization (method, bits, blocks, what stayed quantized, which FP8
+    matmul runs it) in `target.info`."""
     from dataclasses import replace
 
     from eagle_eval.models.quant import quantization_info
 
-    target.info = replace(target.info, quantization=quantization_info(target.model, folder))
+    target.info = replace(target.info, quantization=quantization_info(target.model, folder, fp8_matmul))
     return target

@@ -1,0 +1,56 @@
+"""A block-FP8 DeepSeek-V3-architecture target held FP8 on a real GPU (issue 16); skipped without CUDA.
+
+On a GPU transformers keeps FP8 checkpoints FP8 (FP8Linear / FP8Experts). Where its FP8 kernel does not
+load (offline: no `kernels` package, no Hub) `--fp8-matmul auto` runs eagle-eval's dequantizing matmul;
+the checks are the CPU ones of test_quantized.py, on cuda:0: the loop equals the same model's
+`generate`, the profile equals the loop, and partial last blocks use the configured block.
+"""
+
+import pytest
+import torch
+from fixtures import make_head, write_prompts
+from quant_fixtures import make_fp8_target, write_dequantized_copy
+
+from eagle_eval import api
+from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.models.target import load_target
+from eagle_eval.workload.conversations import load_workload
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu-quant")
+    return {"fp8": make_fp8_target(root / "fp8"), "head": make_head(root / "head"),
+            "prompts": write_prompts(root / "prompts.jsonl", n=4),
+            "fp8-64": make_fp8_target(root / "fp8-64", block=(64, 64)), "root": root}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_held_fp8_on_the_gpu_loop_equals_generate_and_profile_equals_loop(built, dtype):
+    cfg = RunConfig(target=str(built["fp8"]), draft=str(built["head"]), prompts=str(built["prompts"]),
+                    max_new_tokens=24, num_steps=3, aux_layers=(0, 1, 2), aux_convention="hf", dtype=dtype,
+                    device_map="cuda:0")
+    oracle = api.load_oracle(cfg)
+    quant = oracle.speculator.target.info.quantization
+    assert quant["held_quantized_modules"] == 26, quant["summary"]
+    model = oracle.speculator.target.model
+    assert next(model.model.layers[0].self_attn.o_proj.parameters()).dtype == torch.float8_e4m3fn
+    loop = api.evaluate(cfg, progress=False)
+    for sample, row in zip(loop.samples, load_workload(cfg, oracle.tokenizer).first_prompts):
+        ids = torch.tensor([row.input_ids], device="cuda:0")
+        expected = model.generate(ids, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                                  eos_token_id=sorted(oracle.eos_ids), pad_token_id=0)[0, ids.shape[1]:].tolist()
+        assert sample.output_ids == expected, sample.id
+    prof = api.profile(ProfileConfig(run=cfg, max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
+    assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
+
+
+def test_held_fp8_partial_blocks_on_the_gpu_equal_the_formula(built):
+    plain_dir = write_dequantized_copy(built["fp8-64"], built["root"] / "dequantized-64", (64, 64))
+    held, _ = load_target(str(built["fp8-64"]), dtype="fp32", device_map="cuda:0")
+    plain, _ = load_target(str(plain_dir), dtype="fp32", device_map="cuda:0")
+    assert held.info.quantization["held_quantized_modules"] == 26
+    ids = torch.randint(5, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(held.forward(ids, None), plain.forward(ids, None))
