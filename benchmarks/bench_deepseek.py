@@ -10,8 +10,17 @@ Measures, side by side in one process:
             against the plain forward of the same batch
   memory    peak GPU memory after building, and after each section
 
+With --fp8 the same sections run a second time, in the same process, on a block-FP8 copy of the same
+weights (128x128 blocks, scale = amax / 448, as DeepSeek-V3 / Kimi-K2 ship them), held FP8 in the
+modules transformers builds for such a checkpoint (FP8Linear / FP8Experts, through its
+replace_with_fp8_linear) and run by the matmul `eagle_eval.models.fp8_matmul.resolve_fp8_matmul`
+picks (offline: eagle-eval's dequantizing matmul, W8A16). The output adds the FP8 copy's parameter
+memory, every FP8/bf16 ratio, and whether the FP8 loop's tokens equal the FP8 model's own greedy ones.
+
     python benchmarks/bench_deepseek.py                    # one H200: 4 layers (1 dense + 3 MoE), ~75 GB
-    python benchmarks/bench_deepseek.py --tiny             # CPU smoke run of the same code, tiny shapes
+    python benchmarks/bench_deepseek.py --fp8              # + the FP8 copy (~37 GB more)
+    python benchmarks/bench_deepseek.py --fp8 --fp8-fp32-check   # + that copy in fp32: loop vs greedy
+    python benchmarks/bench_deepseek.py --tiny [--fp8]     # CPU smoke run of the same code, tiny shapes
 
 Random weights accept almost nothing, so a cycle emits about one token: what is measured is the cost
 of a cycle and of a profiled token, not a speedup. With N = 4 layers the engine-default taps
@@ -80,6 +89,55 @@ def build(tiny: bool, layers: int, device: str, dtype):
     return model, head.to(device=device, dtype=dtype).eval()
 
 
+def quantize_blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> (float8_e4m3fn [N, K], float32 scale_inv [ceil(N/bn), ceil(K/bk)]), W ~ fp8 * scale_inv."""
+    (n, k), (bn, bk) = w.shape, block
+    sn, sk = -(-n // bn), -(-k // bk)
+    padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32, device=w.device)
+    padded[:n, :k] = w
+    blocks = padded.view(sn, bn, sk, bk)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    q = (blocks / scale[:, None, :, None]).view(sn * bn, sk * bk)[:n, :k].to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fp8_copy(model, block: tuple[int, int] = (128, 128), dtype=None):
+    """`model`'s weights as a block-FP8 target held in FP8 (see the module docstring); `dtype` (default
+    the model's) for every other parameter and for the compute."""
+    from transformers import DeepseekV3ForCausalLM, FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or model.dtype)
+    try:
+        with torch.device("meta"):
+            fp8 = DeepseekV3ForCausalLM(model.config)
+    finally:
+        torch.set_default_dtype(default)
+    replace_with_fp8_linear(fp8, modules_to_not_convert=["lm_head"],
+                            quantization_config=FineGrainedFP8Config(weight_block_size=list(block)))
+    device = model.get_input_embeddings().weight.device
+    fp8 = fp8.to_empty(device=device).eval()
+    source = dict(model.named_parameters()) | dict(model.named_buffers())
+    own = dict(fp8.named_parameters())
+    with torch.no_grad():
+        for name, tensor in list(own.items()) + list(fp8.named_buffers()):
+            if name.endswith("_scale_inv"):
+                continue
+            if tensor.dtype != torch.float8_e4m3fn:
+                tensor.copy_(source[name])
+                continue
+            scale, w = own[name + "_scale_inv"], source[name]
+            for e in range(w.shape[0]) if w.dim() == 3 else [None]:      # experts one at a time
+                we = w if e is None else w[e]
+                # a fused gate_up_proj is the checkpoint's gate_proj over its up_proj, quantized apart
+                halves = we.chunk(2) if name.endswith("gate_up_proj") else [we]
+                q, s = (torch.cat(t) for t in zip(*(quantize_blocks(h, block) for h in halves)))
+                (tensor if e is None else tensor[e]).copy_(q)
+                (scale if e is None else scale[e]).copy_(s)
+    return fp8
+
+
 def make_oracle(model, head, num_steps: int, max_new: int) -> Oracle:
     """bench_gpu's oracle with the taps HF[1, 2, 3] (the defaults collide at N = 4)."""
     return bench_gpu.make_oracle(model, head, num_steps, max_new, aux_hf=(1, 2, 3))
@@ -121,9 +179,95 @@ def bench_profile_step(oracle, prompts, max_steps: int, max_new: int) -> dict:
             "profile_step_share_of_forward": t_forward / t_step}
 
 
+def sections(oracle, prompts, vocab: int, tiny: bool, num_steps: int, new: int) -> dict:
+    """forward, loop and profile of one target, each with the peak memory after it."""
+    out = {"forward": bench_forward(oracle, vocab, 256 if tiny else 4096, len(prompts[0]))}
+    out["forward"]["peak_gib"] = peak_gib()
+    print(json.dumps(out["forward"]), flush=True)
+    loop = bench_loop(oracle, prompts, num_steps, new)
+    out["loop_tokens"] = loop.pop("tokens")
+    out["loop"] = {**loop, "peak_gib": peak_gib()}
+    print(json.dumps(out["loop"]), flush=True)
+    out["profile"] = {**bench_profile_step(oracle, prompts, 5, new), "peak_gib": peak_gib()}
+    print(json.dumps(out["profile"]), flush=True)
+    f = out["forward"]
+    out["against_the_floor"] = {
+        "loop_cycle_over_decode_step": out["loop"]["loop_ms_per_cycle"] / f["decode_step_ms"],
+        "verify_over_decode_step": out["loop"]["verify_ms"] / f["decode_step_ms"],
+        "profile_tokens_per_s_over_forward": out["profile"]["profile_step_share_of_forward"]}
+    return out
+
+
+def against_greedy(target, prompt: list[int], loop_tokens: list[int]) -> dict:
+    """The loop's tokens against plain greedy decoding of the same target; at the first difference,
+    the teacher-forced logit margin there (top-1 minus the loop's token): in bf16 a verify of S+1
+    tokens and a 1-token decode are different matmuls, so a near-tie can resolve either way."""
+    from bench_gpu import plain_greedy
+
+    greedy = plain_greedy(target, prompt, len(loop_tokens), set())
+    out = {"loop_equals_its_greedy": loop_tokens == greedy}
+    diff = next((i for i, (a, b) in enumerate(zip(loop_tokens, greedy)) if a != b), None)
+    if diff is not None:
+        logits = target.forward(torch.tensor([prompt + greedy[:diff + 1]]), None)[0, len(prompt) + diff - 1]
+        top = logits.topk(2)
+        out.update(first_difference=diff, greedy_logit_margin_top2=(top.values[0] - top.values[1]).item(),
+                   loop_token_logit_below_top=(top.values[0] - logits[loop_tokens[diff]]).item(),
+                   logit_scale_std=logits.std().item())
+    return out
+
+
+def fp8_section(model, head, prompts, args, bf16: dict) -> dict:
+    """The FP8 copy of the same weights: its memory, the same sections, ratios to bf16, losslessness."""
+    from eagle_eval.models.fp8_matmul import resolve_fp8_matmul
+
+    before = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
+    t0 = time.perf_counter()
+    fp8 = fp8_copy(model)
+    matmul = resolve_fp8_matmul(fp8, "auto")
+    sync()
+    out = {"build_s": time.perf_counter() - t0, "fp8_matmul": matmul,
+           "parameter_gib": sum(p.numel() * p.element_size() for p in fp8.parameters()) / 2**30,
+           "bf16_parameter_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+           "allocated_gib_added": (torch.cuda.memory_allocated() - before) / 2**30 if before is not None else None}
+    print(json.dumps(out), flush=True)
+    oracle = make_oracle(fp8, head, args.num_steps, 64)
+    measured = sections(oracle, prompts, fp8.config.vocab_size, args.tiny, args.num_steps, len(bf16["loop_tokens"]))
+    out.update(measured)
+    out["against_greedy"] = against_greedy(oracle.speculator.target, prompts[0], measured["loop_tokens"])
+    del oracle, fp8
+    if args.fp8_fp32_check:         # the same FP8 weights computed in fp32: where bf16's shape-dependence is gone
+        import copy
+        import gc
+
+        from eagle_eval.spec.chain import speculative_decode
+
+        gc.collect()                # the dequantizing forwards are bound methods: module <-> method cycles
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        fp32 = fp8_copy(model, dtype=torch.float32)
+        resolve_fp8_matmul(fp32, "auto")
+        spec = make_oracle(fp32, copy.deepcopy(head).float(), args.num_steps, 64).speculator
+        t0 = time.perf_counter()
+        run = speculative_decode(spec, prompts[0], args.num_steps, len(bf16["loop_tokens"]), set())
+        out["fp32_check"] = {**against_greedy(spec.target, prompts[0], run.output_ids),
+                             "seconds": time.perf_counter() - t0, "peak_gib": peak_gib()}
+        print(json.dumps(out["fp32_check"]), flush=True)
+    out["tokens_equal_to_bf16"] = sum(a == b for a, b in zip(measured["loop_tokens"], bf16["loop_tokens"]))
+    out["over_bf16"] = {
+        "forward_tokens_per_s": measured["forward"]["forward_tokens_per_s"] / bf16["forward"]["forward_tokens_per_s"],
+        "decode_step_ms": measured["forward"]["decode_step_ms"] / bf16["forward"]["decode_step_ms"],
+        "loop_ms_per_cycle": measured["loop"]["loop_ms_per_cycle"] / bf16["loop"]["loop_ms_per_cycle"],
+        "profile_step_tokens_per_s": (measured["profile"]["profile_step_tokens_per_s"]
+                                      / bf16["profile"]["profile_step_tokens_per_s"]),
+        "parameter_memory": out["parameter_gib"] / out["bf16_parameter_gib"]}
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run with tiny shapes")
+    ap.add_argument("--fp8", action="store_true", help="also run a block-FP8 copy of the same weights")
+    ap.add_argument("--fp8-fp32-check", action="store_true",
+                    help="with --fp8: also the FP8 copy computed in fp32, its loop against its greedy decoding")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (the first dense, the rest MoE)")
     ap.add_argument("--num-steps", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -145,20 +289,13 @@ def main():
     g = torch.Generator().manual_seed(1)
     prompt_len, new = (32, 16) if args.tiny else (512, 64)
     prompts = [torch.randint(10, vocab, (prompt_len,), generator=g).tolist() for _ in range(8)]
-    results["forward"] = bench_forward(oracle, vocab, 256 if args.tiny else 4096, prompt_len)
-    results["forward"]["peak_gib"] = peak_gib()
-    print(json.dumps(results["forward"]), flush=True)
-    loop = bench_loop(oracle, prompts, args.num_steps, new)
-    loop.pop("tokens")
-    results["loop"] = {**loop, "peak_gib": peak_gib()}
-    print(json.dumps(results["loop"]), flush=True)
-    results["profile"] = {**bench_profile_step(oracle, prompts, 5, new), "peak_gib": peak_gib()}
-    print(json.dumps(results["profile"]), flush=True)
-    f = results["forward"]
-    results["against_the_floor"] = {
-        "loop_cycle_over_decode_step": results["loop"]["loop_ms_per_cycle"] / f["decode_step_ms"],
-        "verify_over_decode_step": results["loop"]["verify_ms"] / f["decode_step_ms"],
-        "profile_tokens_per_s_over_forward": results["profile"]["profile_step_share_of_forward"]}
+    results.update(sections(oracle, prompts, vocab, args.tiny, args.num_steps, new))
+    results["against_greedy"] = against_greedy(oracle.speculator.target, prompts[0], results["loop_tokens"])
+    print(json.dumps(results["against_greedy"]), flush=True)
+    if args.fp8:
+        results["fp8"] = fp8_section(model, head, prompts, args, results)
+        results["fp8"].pop("loop_tokens")
+    results.pop("loop_tokens")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench_deepseek.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
