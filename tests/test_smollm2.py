@@ -7,10 +7,8 @@ layers named); the training accuracy's prediction is set beside the measured rat
 Deselect with `-m "not smollm2"`; skipped (with the reason) when the registry cannot be reached.
 """
 
-import importlib.util
-import sys
-
 import pytest
+from smollm2_target import smollm2_target_or_skip
 
 from eagle_eval import api
 from eagle_eval.config import REPO_ROOT, ProfileConfig, RunConfig
@@ -25,21 +23,9 @@ COMMITTED_TAU = 1.518
 TAU_BAND = 0.05                        # fp32 on another CPU can flip a near-tie argmax, little more
 
 
-def _fetch():
-    spec = importlib.util.spec_from_file_location("fetch_smollm2", REPO_ROOT / "scripts" / "fetch_smollm2.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fetch_smollm2"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def target():
-    fetch = _fetch()
-    try:
-        return fetch.ensure_smollm2()
-    except fetch.FetchError as exc:
-        pytest.skip(f"SmolLM2 not available: {exc}")
+    return smollm2_target_or_skip()
 
 
 def _run(target, **kw):
