@@ -205,6 +205,52 @@ def test_round_trip_and_both_layer_prefixes(tmp_path):
         load_head(renamed)
 
 
+# The config keys NVIDIA ModelOpt writes for a Kimi-K2 MLA EAGLE-3 export (the key set of the kimik2 template in
+# NVIDIA/Model-Optimizer modelopt/torch/export/plugins/hf_spec_export.py, export_spec_ckpt_config; ModelOpt fills
+# each from the draft's or the base model's config): the base Kimi-K2 config's MoE layout and transformers 4.x
+# generation defaults ride along with the MLA shape, under model_type "kimi_k2", with `midlayer.` tensors.
+MODELOPT_KIMI_K2_EXTRA = {
+    "aux_loss_alpha": 0.001, "bos_token_id": 163584, "eos_token_id": 163585, "ep_size": 1, "first_k_dense_replace": 1,
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_experts_per_tok": 8, "num_nextn_predict_layers": 0, "routed_scaling_factor": 2.827,
+    "scoring_func": "sigmoid", "seq_aux": True, "topk_group": 1, "topk_method": "noaux_tc", "attention_dropout": 0.0,
+    "initializer_range": 0.02, "pad_token_id": None, "pretraining_tp": 1, "torch_dtype": "bfloat16",
+    "transformers_version": "4.48.3", "use_bfloat16": False, "use_cache": True, "torchscript": False,
+    "chunk_size_feed_forward": 0, "is_decoder": False, "is_encoder_decoder": False, "id2label": {"0": "LABEL_0"},
+    "label2id": {"LABEL_0": 0}, "output_attentions": False, "output_hidden_states": False, "output_scores": False,
+    "pruned_heads": {}, "return_dict": True, "return_dict_in_generate": False, "sep_token_id": None,
+    "tf_legacy_loss": False, "tie_encoder_decoder": False, "do_sample": False, "temperature": 1.0, "top_k": 50,
+    "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0,
+    "early_stopping": False, "max_length": 20, "min_length": 0, "num_return_sequences": 1,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "remove_invalid_values": False,
+}
+MODELOPT_EAGLE_CONFIG_EXTRA = {"use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                               "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1,
+                               "parallel_draft_heads_num_layers": 1}
+
+
+def test_modelopt_kimi_k2_mla_export_loads_with_every_key_accounted_for(tmp_path):
+    plain = random_mla_head(tmp_path / "plain", rope_scaling=YARN)
+    export = tmp_path / "modelopt"
+    export.mkdir()
+    cfg = json.loads((plain / "config.json").read_text())
+    cfg.update(MODELOPT_KIMI_K2_EXTRA, model_type="kimi_k2")
+    cfg["eagle_config"] = {**cfg.get("eagle_config", {}), **MODELOPT_EAGLE_CONFIG_EXTRA}
+    (export / "config.json").write_text(json.dumps(cfg))
+    save_file({k.replace("layers.0.", "midlayer."): v for k, v in load_file(plain / "model.safetensors").items()},
+              str(export / "model.safetensors"))
+    loaded, reference = load_head(export), load_head(plain)
+    assert loaded.key_audit.unknown == [] and loaded.key_audit.engine_math == {} and loaded.key_notes == ()
+    assert "generation default" in loaded.key_audit.harmless["top_k"] and "MoE" in loaded.key_audit.harmless["ep_size"]
+    assert loaded.head.config == reference.head.config
+    for (k, a), (_, b) in zip(loaded.head.state_dict().items(), reference.head.state_dict().items()):
+        assert torch.equal(a, b), k
+    _set_config(export, model_type="llama")
+    with pytest.raises(CheckpointError, match=r"'model_type' = 'llama'.*\['deepseek_v2', 'deepseek_v3', 'kimi_k2'\]"):
+        load_head(export)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.pop(P + "kv_b_proj.weight"),
      rf"missing tensor '{P}kv_b_proj.weight' \(expected shape \[{HEADS * (NOPE + V_DIM)}, {KV_RANK}\]\)"),

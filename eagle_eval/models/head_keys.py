@@ -51,6 +51,15 @@ HARMLESS = {
         "tie_encoder_decoder", "pruned_heads", "problem_type", "id2label", "label2id", "tokenizer_class",
         "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params", "finetuning_task",
         "cross_attention_hidden_size", "tf_legacy_loss", "return_dict_in_generate", "output_scores")},
+    # transformers 4.x PretrainedConfig kept generation defaults in config.json; exports that copy the
+    # target's config attributes (ModelOpt hf_spec_export.py export_spec_ckpt_config) write them
+    **{k: "transformers 4.x generation default kept in the config (sampling / search); engines take sampling "
+          "from the request, eagle-eval decodes greedily" for k in (
+        "do_sample", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+        "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "num_beams", "num_beam_groups", "diversity_penalty",
+        "early_stopping", "max_length", "min_length", "num_return_sequences", "forced_bos_token_id",
+        "forced_eos_token_id", "remove_invalid_values", "bad_words_ids", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens")},
 }
 
 
