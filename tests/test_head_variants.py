@@ -298,6 +298,53 @@ def test_planted_math_key_is_an_error_naming_it(tmp_path, dialect, section, key,
     assert any(name in n and "proceeding" in n for n in loaded.key_notes)
 
 
+# The extra keys of the Llama-style heads SpecForge ships for DeepSeek-V3-family targets (sgl-project/SpecForge
+# configs/: kimi-k2-eagle3.json @03ebe2c, kimi-k25-eagle3.json @3f9b5fc, deepseek-v3-671b-eagle3.json @c02a09a),
+# the values theirs; the shapes stay the test head's.
+SPECFORGE_SHIPPED = {
+    "kimi-k2": dict(model_type="kimi_k2", attention_bias=False, attention_dropout=0.0, bos_token_id=163584,
+                    eos_token_id=163585, initializer_range=0.02, max_window_layers=48, rope_scaling=None,
+                    sliding_window=None, tie_word_embeddings=False, torch_dtype="bfloat16",
+                    transformers_version="4.53.2", use_cache=True, use_sliding_window=False),
+    "kimi-k25": dict(model_type="llama", attention_bias=False, attention_dropout=0.0, bos_token_id=163584,
+                     dtype="bfloat16", eos_token_id=163585, initializer_range=0.02, max_window_layers=48,
+                     mlp_bias=False, pretraining_tp=1, rope_scaling=None, sliding_window=None,
+                     tie_word_embeddings=False, transformers_version="4.57.0", use_cache=True,
+                     use_sliding_window=False),
+    "deepseek-v3-671b": dict(model_type="llama", bos_token_id=128000, eos_token_id=128001, initializer_range=0.02,
+                             pad_token_id=0, tie_word_embeddings=False, torch_dtype="float16",
+                             transformers_version="4.28.1", use_cache=True),
+}
+
+
+@pytest.mark.parametrize("name", list(SPECFORGE_SHIPPED))
+def test_specforge_shipped_head_configs_load_with_every_key_accounted_for(tmp_path, name):
+    path = random_head(tmp_path / "h")
+    reference = load_head(path)
+    _set_config(path, **{k: v for k, v in SPECFORGE_SHIPPED[name].items() if v is not None})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update({k: v for k, v in SPECFORGE_SHIPPED[name].items() if v is None})   # explicit nulls stay in
+    (path / "config.json").write_text(json.dumps(cfg))
+    loaded = load_head(path)
+    assert loaded.key_audit.unknown == [] and loaded.key_audit.engine_math == {}
+    assert loaded.dialect == "specforge" and loaded.head.config == reference.head.config
+    for (k, a), (_, b) in zip(loaded.head.state_dict().items(), reference.head.state_dict().items()):
+        assert torch.equal(a, b), k
+    kimi_k2 = [n for n in loaded.key_notes if "'model_type' = 'kimi_k2'" in n]
+    assert len(kimi_k2) == (name == "kimi-k2") and len(loaded.key_notes) == len(kimi_k2)
+    if kimi_k2:
+        assert "loaded as a Llama draft layer" in kimi_k2[0] and "DeepseekV3Config" in kimi_k2[0]
+
+
+def test_deepseek_model_type_in_a_speculators_layer_is_refused(tmp_path):
+    path = random_head(tmp_path / "h", dialect="speculators")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["transformer_layer_config"]["model_type"] = "kimi_k2"
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"'model_type' = 'kimi_k2'; only Llama-style draft layers"):
+        load_head(path)
+
+
 def test_harmless_unknown_key_warns(tmp_path):
     path = random_head(tmp_path / "h", dialect="speculators")
     cfg = json.loads((path / "config.json").read_text())

@@ -150,7 +150,25 @@ def _flag(top: dict, eagle_cfg: dict, key: str, where: Path) -> bool:
     return bool(nested if nested is not None else flat)
 
 
-def _check_supported(layer: dict, where: Path) -> None:
+# A LlamaForCausalLMEagle3 head whose config names the DeepSeek-V3-family target's config class: SpecForge
+# ships Kimi-K2 heads so (configs/kimi-k2-eagle3.json: model_type kimi_k2). SGLang and vLLM pick the draft
+# layer by `architectures` (llama_eagle3.py in both); the model_type only picks the config class (vLLM maps
+# kimi_k2 to DeepseekV3Config, vllm/transformers_utils/config.py). Loaded as Llama, with a warning.
+DEEPSEEK_CONFIG_TYPES = ("kimi_k2", "deepseek_v3", "deepseek_v2")
+
+
+def model_type_note(config: dict, dialect: str, config_file: Path) -> list[str]:
+    """The warning for a Llama-style head whose model_type is a DeepSeek-family config class."""
+    model_type = config.get("model_type")
+    if dialect in (SPECULATORS, MLA) or model_type not in DEEPSEEK_CONFIG_TYPES:
+        return []
+    return [f"{config_file}: key 'model_type' = {model_type!r} on a Llama-style head ({config.get('architectures')}): "
+            "loaded as a Llama draft layer, as SGLang and vLLM choose it by architecture; vLLM builds its config as "
+            "DeepseekV3Config, whose MLA defaults (kv_lora_rank 512, ...) then sit in the draft config though the "
+            "head has no MLA: unchecked whether a vLLM version treats such a draft as MLA"]
+
+
+def _check_supported(layer: dict, where: Path, speculators: bool = False) -> None:
     """Values of consumed keys that select math this head does not implement."""
     layers = layer.get("num_hidden_layers", 1)
     if layers not in (None, 1):
@@ -160,6 +178,8 @@ def _check_supported(layer: dict, where: Path) -> None:
         raise CheckpointError(f"{where}: key 'tie_word_embeddings' = true: SGLang (LlamaForCausalLMEagle3.__init__) "
                               "then uses embed_tokens [V, H] as the draft lm_head; not supported")
     model_type = layer.get("model_type", "llama")
+    if model_type in DEEPSEEK_CONFIG_TYPES and not speculators:
+        return                       # a Llama-style head in the target's config class: see DEEPSEEK_CONFIG_TYPES
     if model_type not in ("llama", None):
         raise CheckpointError(f"{where}: key 'model_type' = {model_type!r}; only Llama-style draft layers are "
                               "supported (speculators model_definitions.py: qwen3 adds q/k norms; SGLang reads "
@@ -170,7 +190,7 @@ def head_config_from_json(config: dict, dialect: str, config_file: Path) -> Head
     """The head's shape and variant flags from config.json, for any dialect."""
     layer = _need(config, "transformer_layer_config", config_file) if dialect == SPECULATORS else config
     top = config
-    _check_supported(layer, config_file)
+    _check_supported(layer, config_file, speculators=dialect == SPECULATORS)
     hidden = _need(layer, "hidden_size", config_file)
     heads = _need(layer, "num_attention_heads", config_file)
     rope = layer.get("rope_parameters") or {}

@@ -27,7 +27,15 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
-from eagle_eval.models.head_config import EAGLE, MLA, SPECFORGE, SPECULATORS, CheckpointError, head_config_from_json  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
+from eagle_eval.models.head_config import (  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
+    EAGLE,
+    MLA,
+    SPECFORGE,
+    SPECULATORS,
+    CheckpointError,
+    head_config_from_json,
+    model_type_note,
+)
 from eagle_eval.models.head_keys import KeyAudit, audit_keys, check_keys
 from eagle_eval.models.heads import Eagle3Head, HeadConfig
 from eagle_eval.models.mla_config import MLA_ARCHITECTURES, mla_config_from_json, mla_config_json
@@ -176,7 +184,7 @@ def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
     config_file, config = _read_config(path)
     dialect = detect_dialect(config, config_file)
     audit = audit_keys(config, dialect)
-    notes = check_keys(audit, config_file, allow_unknown_keys)
+    notes = check_keys(audit, config_file, allow_unknown_keys) + model_type_note(config, dialect, config_file)
     file = _weights_file(path, dialect)
     tensors = _read_tensors(file)
     head = _build_head(config, dialect, config_file, tensors)

@@ -38,6 +38,9 @@ HARMLESS = {
     "pretraining_tp": "HF's sliced matmuls from tensor-parallel pretraining: the same product",
     "embed_requires_grad": "speculators training switch (frozen embedding)",
     "auto_map": "remote-code class pointers; heads never run remote code here",
+    "max_window_layers": "Qwen2 config's sliding-window layer threshold, inert unless sliding_window is set (an "
+                         "engine-math key here); the Llama draft layers of SGLang and vLLM (llama_eagle3.py) do not "
+                         "read it (SpecForge configs/kimi-k2-eagle3.json, kimi-k25-eagle3.json carry it)",
     "next_layer_regular": "ModelOpt layout of the layers after the first; a one-layer head has none",
     "has_lm_head": "ModelOpt export switch; strict loading requires lm_head.weight regardless",
     "parallel_draft_heads_num_layers": "ModelOpt parallel drafting; unused when parallel_draft_step = 1",
