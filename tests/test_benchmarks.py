@@ -46,3 +46,29 @@ def test_deepseek_benchmark_shapes_run_tiny_and_the_loop_is_lossless():
         loop = speculative_decode(spec, p.input_ids, 3, 12, set())
         sim = simulate_cycles(res.run_lengths, res.continuation, 3, 12, set())
         assert sim.accepted_per_cycle == loop.accepted_per_cycle
+
+
+def test_deepseek_benchmark_fp8_copy_holds_fp8_and_its_loop_is_lossless():
+    """--fp8's copy: every decoder projection held float8 with per-block scales that reproduce the bf16
+    weights to FP8 precision, run by eagle-eval's dequantizing matmul; its loop equals its greedy."""
+    import torch
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from bench_deepseek import build, fp8_copy, make_oracle
+
+    from eagle_eval.models.fp8_matmul import dequantize_blocks, held_fp8_modules, resolve_fp8_matmul
+    from eagle_eval.spec.chain import speculative_decode
+    from eagle_eval.spec.greedy import plain_greedy
+
+    model, head = build(tiny=True, layers=4, device="cpu", dtype=torch.float32)
+    fp8 = fp8_copy(model)
+    linears, experts = held_fp8_modules(fp8)
+    assert (len(linears), len(experts)) == (4 * 5 + 3 + 3 * 3, 3)     # MLA 5; dense MLP 3; shared experts 3
+    w = model.model.layers[0].self_attn.o_proj.weight
+    back = dequantize_blocks(linears[4][1].weight, linears[4][1].weight_scale_inv, (128, 128), torch.float32)
+    assert linears[4][0] == "model.layers.0.self_attn.o_proj"
+    assert 0 < (back - w).abs().max() <= w.abs().max() / 16                 # e4m3: 3 mantissa bits
+    assert resolve_fp8_matmul(fp8, "dequantize")["matmul"] == "dequantize"
+    spec = make_oracle(fp8, head, 3, 12).speculator
+    p = torch.randint(10, 512, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    assert speculative_decode(spec, p, 3, 12, set()).output_ids == plain_greedy(spec.target, p, 12, set())

@@ -23,7 +23,9 @@ Contract:
   order: gate_up, gate, down, routing weight, fp32 accumulation).
 - `resolve_fp8_matmul(model, mode)` applies `mode` (auto | kernel | dequantize; auto = the kernel
   when it loads and every FP8 module is on a GPU, else dequantize) and returns the dict the report
-  carries, or None when the model holds no FP8 module.
+  carries, or None when the model holds no FP8 module. Trying the kernel is transformers' own loader:
+  on an online machine with the `kernels` package it may fetch the kernel from the Hub, as transformers
+  does at its first FP8 forward; `dequantize` never tries it.
 """
 
 from __future__ import annotations
