@@ -307,3 +307,16 @@ def test_dump_match_three_ways_when_layers_are_close():
     assert last(close, (3, 6, 7)) == ("error", "dump-layers-mismatch")            # neither HF[5] nor HF[4]
     assert last(weak, (3, 5, 7)) == ("warning", "dump-layers-inconclusive")
     assert last(weak, (2, 5, 7)) == ("error", "dump-layers-mismatch")             # block 0 is surely HF[3]
+
+
+def test_boundary_head_keeps_its_configured_taps_in_the_sweep():
+    """Boundary ids may name N (the last layer's output before the final norm): the configured set
+    HF[2, 4, 8] on the 8-layer bundled target is the sweep's baseline row, beside the alternatives
+    (its -1 shift and embedding variants keep index 8; the draft config's HF[2, 4, 5] is tried too)."""
+    run = RunConfig(aux_layers=(2, 4, 8), aux_convention="boundary", max_new_tokens=16, limit=8)
+    result = diagnose(run, DiagnoseConfig(template_check=False, prompt_budget=8))
+    rows = {tuple(r["hf"]): r for r in result.report["sweep"]["rows"]}
+    assert result.report["configured_aux_layers"]["hf"] == [2, 4, 8]
+    assert rows[(2, 4, 8)]["label"] == "configured" and rows[(2, 4, 8)]["status"] == "configured"
+    assert {(1, 3, 7), (0, 4, 8), (2, 4, 5)} <= set(rows) and all(max(hf) <= 8 for hf in rows)
+    assert all(r["status"] != "configured" for hf, r in rows.items() if hf != (2, 4, 8))

@@ -31,12 +31,16 @@ def _shift(hf, d):
 
 
 def candidates(configured: tuple[int, ...], num_layers: int, extra: list[tuple[str, tuple]] = ()) -> list[Candidate]:
-    """Valid (in range, distinct, same count), de-duplicated, configured first.
+    """Valid (in range, distinct, same count), de-duplicated, configured first. Index N (the last
+    layer's output before the final norm, boundary id N) is in range only when the configured set
+    taps it (a boundary-convention head): elsewhere no engine feeds it (models/sanity.py aux-final-prenorm).
 
     >>> [c.hf for c in candidates((2, 4, 5), 8)]
     [(2, 4, 5), (3, 5, 6), (1, 3, 4), (0, 4, 5)]
     >>> candidates((2, 4, 5), 8)[0].label
     'configured = engine default HF[2], HF[N//2], HF[N-3]'
+    >>> [c.hf for c in candidates((2, 4, 8), 8)][:3]
+    [(2, 4, 8), (1, 3, 7), (0, 4, 8)]
     """
     from eagle_eval.models.capture import default_hf_layers
 
@@ -50,9 +54,10 @@ def candidates(configured: tuple[int, ...], num_layers: int, extra: list[tuple[s
            ("engine default +1", _shift(default, 1)),
            ("engine default -1", _shift(default, -1))]
     labels: dict[tuple, list[str]] = {}          # insertion order = first appearance
+    top = num_layers if num_layers in configured else num_layers - 1
     for label, hf in raw:
         hf = tuple(sorted(int(i) for i in hf))
-        if len(hf) == k and len(set(hf)) == k and all(0 <= i < num_layers for i in hf):
+        if len(hf) == k and len(set(hf)) == k and all(0 <= i <= top for i in hf):
             labels.setdefault(hf, []).append(label)
     return [Candidate(" = ".join(names), hf) for hf, names in labels.items()]
 
