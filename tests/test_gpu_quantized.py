@@ -54,3 +54,17 @@ def test_held_fp8_partial_blocks_on_the_gpu_equal_the_formula(built):
     assert held.info.quantization["held_quantized_modules"] == 26
     ids = torch.randint(5, 90, (2, 9), generator=torch.Generator().manual_seed(0))
     assert torch.equal(held.forward(ids, None), plain.forward(ids, None))
+
+
+def test_dequantization_on_the_gpu_equals_the_formula():
+    from quant_fixtures import fp8_block_dequantize, fp8_block_quantize
+
+    from eagle_eval.models.fp8_matmul import dequantize_blocks
+
+    for shape in ((40, 24), (64, 48), (300, 130)):
+        q, scale = fp8_block_quantize(torch.randn(*shape, generator=torch.Generator().manual_seed(4)), (16, 16))
+        expected = fp8_block_dequantize(q, scale, (16, 16))
+        got = dequantize_blocks(q.cuda(), scale.cuda(), (16, 16), torch.float32)
+        assert torch.equal(got.cpu(), expected), shape
+        assert torch.equal(dequantize_blocks(q.cuda(), scale.cuda(), (16, 16), torch.bfloat16).cpu(),
+                           expected.to(torch.bfloat16)), shape

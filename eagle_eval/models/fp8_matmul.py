@@ -72,21 +72,29 @@ def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block, dtyp
     if weight.dtype == torch.int8:
         raise Fp8MatmulError(f"{name}: FP4-packed (int8) weights are not supported by eagle-eval's dequantizing "
                              "matmul; use --fp8-matmul kernel")
-    w = weight.to(torch.float32)
     scale = scale_inv.to(torch.float32)
     if block is None or scale.dim() == 0 or scale.numel() == 1:
-        return (w * scale.reshape(())).to(dtype)
+        return (weight.to(torch.float32) * scale.reshape(())).to(dtype)
     bn, bk = int(block[0]), int(block[1])
-    rows, cols = w.shape[-2:]
+    rows, cols = weight.shape[-2:]
     expected = (-(-rows // bn), -(-cols // bk))
     if tuple(scale.shape[-2:]) != expected:
-        raise Fp8MatmulError(f"{name}: weight {tuple(w.shape)} with block {bn}x{bk} needs a scale grid "
+        raise Fp8MatmulError(f"{name}: weight {tuple(weight.shape)} with block {bn}x{bk} needs a scale grid "
                              f"{expected[0]}x{expected[1]}, the checkpoint has {tuple(scale.shape)}")
-    if rows % bn == 0 and cols % bk == 0:       # whole blocks: scale a blocked view in place, no expanded grid
-        blocked = w.view(*w.shape[:-2], expected[0], bn, expected[1], bk)
-        return blocked.mul_(scale[..., :, None, :, None]).view(w.shape).to(dtype)
+    if rows % bn == 0 and cols % bk == 0:       # whole blocks: scale a blocked view, no expanded grid
+        return _blocked_dequantize(weight, scale, bn, bk, dtype)
+    w = weight.to(torch.float32)                 # a partial last block (e.g. 576 rows at 128): expand the grid
     full = scale.repeat_interleave(bn, dim=-2)[..., :rows, :].repeat_interleave(bk, dim=-1)[..., :cols]
     return w.mul_(full).to(dtype)
+
+
+def _blocked_dequantize(weight: torch.Tensor, scale: torch.Tensor, bn: int, bk: int, dtype: torch.dtype):
+    """[..., N, K] with N, K multiples of the block: fp8 -> fp32, times the block's scale (in place), ->
+    `dtype`. Eager on purpose: torch.compile's fused kernel of this expression measured 2.1-2.6x slower
+    on an H200 (benchmarks/fp8_dequant_gpu.py, benchmarks/results/h200_fp8_dequant.json)."""
+    *lead, rows, cols = weight.shape
+    blocked = weight.to(torch.float32).view(*lead, rows // bn, bn, cols // bk, bk)
+    return blocked.mul_(scale[..., :, None, :, None]).view(weight.shape).to(dtype)
 
 
 def _linear_forward(self, input: torch.Tensor) -> torch.Tensor:
