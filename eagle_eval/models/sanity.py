@@ -5,7 +5,8 @@ statistics), so `load_oracle` runs it for every command and `run` prints it. It 
 an lm_head / own embed_tokens that looks untrained (a fresh PyTorch or Hugging Face init, i.i.d.
 numbers with no trained structure, collapsed rows), d2t/t2d consistency and the identity d2t on a
 reduced vocab, RoPE base / scaling / max positions of the draft vs the target, dialect flags and which
-engine reads which aux-id key, dtypes; for an MLA head, models/mla_checks.py. `coverage_finding` needs the target's greedy tokens and is
+engine reads which aux-id key, dtypes; head variants and the config-key audit in models/variant_checks.py;
+for an MLA head, models/mla_checks.py. `coverage_finding` needs the target's greedy tokens and is
 called by `diagnose`. A check that cannot run on an unusual model becomes an info finding, never a
 crash.
 """
@@ -21,7 +22,8 @@ import torch
 
 from eagle_eval.models.capture import ENGINE_NAMES, consistent_config_lines, default_hf_layers, engine_taps
 from eagle_eval.models.mla_checks import mla_findings
-from eagle_eval.results.findings import Finding, error, info, warning
+from eagle_eval.models.variant_checks import head_variant_findings
+from eagle_eval.results.findings import Finding, error, guarded, info, warning
 
 SAMPLE_ROWS = 4096           # matrix statistics use at most this many rows (deterministic sample)
 COSINE_ROWS = 256            # rows compared pairwise for the "collapsed rows" check
@@ -298,13 +300,6 @@ def dtype_findings(weights_file: str, run_dtype: str, target_cfg) -> list[Findin
     return [info("dtype", msg)]
 
 
-def _guarded(name: str, fn, *args) -> list[Finding]:
-    try:
-        return fn(*args)
-    except Exception as exc:           # a check must never stop a run; say it was skipped
-        return [info(f"{name}-skipped", f"{name} check skipped ({type(exc).__name__}: {exc})")]
-
-
 def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
     """Every load-time check. target: `Target`; loaded: `LoadedHead`; aux: resolved `AuxLayers`;
     config: the `RunConfig`; embedding: which table the oracle uses (from `_choose_embedding`)."""
@@ -315,100 +310,21 @@ def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
     used = (torch.arange(head.d2t.numel(), device=head.d2t.device) + head.d2t)
     target_head = target.model.get_output_embeddings().weight
     target_table = target.model.get_input_embeddings().weight
-    out = _guarded("lm_head", lambda: matrix_findings(
+    out = guarded("lm_head", lambda: matrix_findings(
         "lm_head", head.lm_head.weight, init_range, target_head[used.to(target_head.device)],
         "the target's lm_head rows of the draft vocab"))
     if head.embed_tokens is not None:
-        out += _guarded("embed_tokens", matrix_findings, "embed_tokens", head.embed_tokens.weight, init_range,
+        out += guarded("embed_tokens", matrix_findings, "embed_tokens", head.embed_tokens.weight, init_range,
                         target_table, "the target's embed_tokens")
-        out += _guarded("embed_tokens", own_table_findings, head.embed_tokens.weight, target_table, embedding)
+        out += guarded("embed_tokens", own_table_findings, head.embed_tokens.weight, target_table, embedding)
     out.append(info("embedding", f"draft token embeddings: {embedding}"))
-    out += _guarded("vocab-map", lambda: vocab_map_findings(head.d2t, head.t2d,
+    out += guarded("vocab-map", lambda: vocab_map_findings(head.d2t, head.t2d,
                                                             "t2d" in stored_dtypes(loaded.weights_file)))
-    out += _guarded("rope", rope_findings, head.config, raw, tcfg)
-    out += _guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, config.aux_layers)
-    out += _guarded("dialect", dialect_findings, loaded, raw)
+    out += guarded("rope", rope_findings, head.config, raw, tcfg)
+    out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, config.aux_layers)
+    out += guarded("dialect", dialect_findings, loaded, raw)
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))
-    out += _guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)
+    out += guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)
     out += head_variant_findings(loaded, aux)               # issue 16: head variants and config keys
-    out += _guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (models/mla_checks.py)
+    out += guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (models/mla_checks.py)
     return out
-
-
-# -- head variants (issue 16): flags, their weights, and which engines honour them -------------------
-
-def _left_at_init(weight: torch.Tensor) -> bool:
-    """An RMSNorm weight still all ones: what an engine holds when the checkpoint lacks the tensor."""
-    return bool(torch.all(weight.detach() == 1))
-
-
-def norm_variant_findings(loaded, raw: dict) -> list[Finding]:
-    """norm_before_fc / fc_norm / norm_output: weights left at init, and the engine versions that read them."""
-    head, cfg, out = loaded.head, loaded.head.config, []
-    nested = raw.get("eagle_config") or {}
-    if cfg.norm_before_fc:
-        where = "eagle_config" if "norm_before_fc" in nested else "the top level"
-        out.append(info("norm-before-fc", f"norm_before_fc=True (set at {where}): fc reads RMSNorm(concat of the "
-                                          f"{cfg.num_aux} aux blocks); vLLM honours it since PR #36545 (top level) and "
-                                          "#42143 (eagle_config), SGLang since PR #32334; older servers skip the norm"))
-        if "norm_before_fc" in nested and "norm_before_fc" not in raw:
-            out.append(warning("norm-before-fc-nested-only", "norm_before_fc is set only in eagle_config: vLLM "
-                                                             "before PR #42143 reads the top-level key and skips the norm"))
-        if _left_at_init(head.input_norm.weight):
-            out.append(warning("input_norm-untrained", "input_norm.weight is all ones, the RMSNorm init: trained "
-                                                       "heads move it (speculators loads checkpoints without it as ones)"))
-    if cfg.fc_norm:
-        out.append(info("fc-norm", "fc_norm=True (EAGLE-3.1): one RMSNorm per aux block before fc (vLLM PR #42764); "
-                                   "a server that ignores it feeds fc the raw blocks"))
-        idle = [i for i, n in enumerate(head.fc_norm) if _left_at_init(n.weight)]
-        if idle:
-            out.append(warning("fc_norm-untrained", f"fc_norm.{idle}.weight all ones, the RMSNorm init"))
-    if cfg.norm_output:
-        out.append(info("norm-output", "norm_output=True (EAGLE-3.1): each draft step after the first reads "
-                                       "norm(out); a server that ignores it (vLLM before PR #46488 for speculators "
-                                       "configs) feeds the pre-norm out and accepts less past step 1"))
-    return out
-
-
-def rope_variant_findings(loaded, raw: dict) -> list[Finding]:
-    cfg = loaded.head.config
-    if not cfg.rope_interleaved or cfg.mla is not None:     # MLA always rotates pairs (models/mla_checks.py)
-        return []
-    return [warning("rope-interleaved", "rope_is_neox_style=false: GPT-J-style (interleaved) RoPE; SGLang's llama "
-                                        "layer reads the key, vLLM's llama ignores it and rotates NeoX halves, so "
-                                        "the servers disagree")]
-
-
-def boundary_findings(aux) -> list[Finding]:
-    if not getattr(aux, "final_prenorm", False):
-        return []
-    n = aux.num_layers
-    return [warning("aux-final-prenorm", f"boundary id {n} taps the output of layer {n - 1} before the final norm: "
-                                         "SGLang captures it only for gpt-oss targets (PR #32334); vLLM for models on "
-                                         "EagleModelMixin (PR #36063; DeepSeek in PR #46788); elsewhere the id "
-                                         "captures nothing")]
-
-
-def head_key_findings(loaded) -> list[Finding]:
-    """The config-key audit (models/head_keys.py) as findings."""
-    audit = loaded.key_audit
-    if audit is None:
-        return []
-    out = [info("head-keys", f"config.json keys: {len(audit.consumed)} consumed, {len(audit.harmless)} ignored as "
-                             f"harmless, {len(audit.engine_math)} engine-math, {len(audit.unknown)} unknown",
-                harmless=sorted(audit.harmless))]
-    for key, what in audit.engine_math.items():
-        out.append(warning("head-key-engine-math", f"config key {key!r} = {what}; not implemented here "
-                                                   "(--allow-unknown-head-keys): the results may match no engine"))
-    if audit.unknown:
-        out.append(warning("head-key-unknown", f"config keys not read by eagle-eval: {audit.unknown}"))
-    return out
-
-
-def head_variant_findings(loaded, aux) -> list[Finding]:
-    """Every head-variant check (called once from `load_findings`)."""
-    raw = json.loads((Path(loaded.path) / "config.json").read_text())
-    out = _guarded("norm-variants", norm_variant_findings, loaded, raw)
-    out += _guarded("rope-variants", rope_variant_findings, loaded, raw)
-    out += _guarded("boundary", boundary_findings, aux)
-    return out + _guarded("head-keys", head_key_findings, loaded)

@@ -52,6 +52,15 @@ def error(code: str, message: str, **detail) -> Finding:
     return Finding("error", code, message, detail)
 
 
+def guarded(name: str, fn, *args) -> list[Finding]:
+    """fn(*args), a list of findings; a check must never stop a run: an exception becomes an info
+    finding saying the check was skipped."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return [info(f"{name}-skipped", f"{name} check skipped ({type(exc).__name__}: {exc})")]
+
+
 def by_severity(findings: list[Finding]) -> list[Finding]:
     """Errors first, then warnings, then info; stable within a severity.
 
