@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.models.capture import engine_taps, resolve_aux_layers
+from eagle_eval.models.capture import engine_taps, resolve_aux_layers, sglang_deepseek_family
 from eagle_eval.models.head_io import load_head
 from eagle_eval.results.records import Prompt, SampleRecord
 from eagle_eval.spec.chain import Speculator, speculative_decode
@@ -179,7 +179,8 @@ def load_oracle(config: RunConfig) -> Oracle:
                           "conversion": "num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token"}
                          if config.eagle_depth is not None else None),
         "aux_layers": {**aux.as_dict(), "engines": {e: t.as_dict() for e, t in engine_taps(
-            target.num_layers, loaded.aux_ids_sglang, loaded.aux_ids_vllm).items()}},
+            target.num_layers, loaded.aux_ids_sglang, loaded.aux_ids_vllm,
+            deepseek_family=sglang_deepseek_family(target.model.config)).items()}},
         "embedding": table_name,
         "vocab_map": {"draft_vocab_size": head.config.draft_vocab_size, "vocab_size": head.config.vocab_size,
                       "d2t": "checkpoint" if loaded.d2t_in_checkpoint else "none (full vocab)",

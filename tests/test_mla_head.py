@@ -375,3 +375,37 @@ def test_rope_mismatch_with_the_target_is_a_warning(world, tmp_path):
     assert found["mla-rope-mismatch"]["severity"] == "warning"
     assert "rope_scaling.factor 8.0 vs 4.0" in found["mla-rope-mismatch"]["message"]
     assert found["mla-q-proj"]["severity"] == "warning" and found["mla-rope-interleave"]["severity"] == "warning"
+
+
+def test_sglang_reads_nested_ids_per_target_family(world, tmp_path):
+    """SGLang's deepseek_v2.py adds 1 to the nested ids only when the first is 1 since PR #25454; its
+    llama.py always adds 1. On the DeepSeek-V3 target a config whose nested ids start at 2 is tapped
+    unchanged by current SGLang and +1 by older SGLang: both are reported, and the recommended lines
+    say no nested list serves both versions."""
+    from fixtures import make_target
+
+    from eagle_eval.models.capture import ENGINES
+
+    root, target, prompts, head = world
+    starts_at_2 = tmp_path / "nested-2"
+    starts_at_2.mkdir()
+    (starts_at_2 / "model.safetensors").write_bytes((head / "model.safetensors").read_bytes())
+    cfg = json.loads((head / "config.json").read_text())
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+    cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": [2, 4, 5]}
+    (starts_at_2 / "config.json").write_text(json.dumps(cfg))
+    oracle = api.load_oracle(RunConfig(target=str(target), draft=str(starts_at_2), prompts=str(prompts)))
+    aux = oracle.resolved["aux_layers"]
+    assert aux["hf"] == [3, 5, 6]                                   # eagle-eval reads nested ids SGLang-classic
+    taps = {e: t["hf"] for e, t in aux["engines"].items()}
+    assert list(aux["engines"]) == list(ENGINES)
+    assert taps == {"sglang": [2, 4, 5], "sglang_before_25454": [3, 5, 6], "vllm_v1": [2, 4, 5], "vllm_v2": [2, 4, 5]}
+    codes = {f["code"]: f for f in oracle.resolved["sanity"]}
+    assert "sglang-taps-differ" in codes and "sglang-before-25454-taps-differ" not in codes
+    assert "PR #25454" in codes["sglang-taps-differ"]["message"]
+    assert "no nested list serves both versions" in codes["sglang-taps-differ"]["detail"]["recommended"]
+    # the same config on a Llama target: llama.py adds 1, no version split
+    llama = make_target(tmp_path / "llama", num_layers=8, seed=3)
+    oracle = api.load_oracle(RunConfig(target=str(llama), draft=str(starts_at_2), prompts=str(prompts)))
+    taps = {e: t["hf"] for e, t in oracle.resolved["aux_layers"]["engines"].items()}
+    assert taps == {"sglang": [3, 5, 6], "vllm_v1": [2, 4, 5], "vllm_v2": [2, 4, 5]}

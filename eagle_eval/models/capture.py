@@ -190,8 +190,22 @@ class FeatureCapture:
 
 # -- what each serving engine taps for a head config (EAGLE3.md section 1) ----------------------------
 
-ENGINES = ("sglang", "vllm_v1", "vllm_v2")
-ENGINE_NAMES = {"sglang": "SGLang", "vllm_v1": "vLLM (V1 model runner)", "vllm_v2": "vLLM (V2 model runner)"}
+ENGINES = ("sglang", "sglang_before_25454", "vllm_v1", "vllm_v2")
+ENGINE_NAMES = {"sglang": "SGLang", "sglang_before_25454": "SGLang before PR #25454",
+                "vllm_v1": "vLLM (V1 model runner)", "vllm_v2": "vLLM (V2 model runner)"}
+# Targets SGLang runs with models/deepseek_v2.py, whose set_eagle3_layers_to_capture applies the +1 only
+# when the first nested id is 1 since PR #25454 (merged 2026-05-18; "drop +1 offset on aux layer ids
+# when first id != 1"): ids starting at 2 are read as input-of-layer ids. llama.py and the others keep +1.
+DEEPSEEK_FAMILY = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_k25")
+
+
+def sglang_deepseek_family(model_config) -> bool:
+    """True for a target SGLang serves through its deepseek_v2.py model (DeepSeek-V2/V3, Kimi-K2/K2.5)."""
+    types = {getattr(model_config, "model_type", None)}
+    text = getattr(model_config, "text_config", None)
+    if text is not None:
+        types.add(getattr(text, "model_type", None))
+    return bool(types & set(DEEPSEEK_FAMILY))
 
 
 @dataclass(frozen=True)
@@ -209,26 +223,41 @@ def _valid(hf: list[int], num_layers: int) -> tuple[int, ...] | None:
     return tuple(sorted(hf)) if all(0 <= i < num_layers for i in hf) and len(set(hf)) == len(hf) else None
 
 
-def engine_taps(num_layers: int, nested_ids=None, top_ids=None) -> dict[str, EngineTaps]:
+def engine_taps(num_layers: int, nested_ids=None, top_ids=None, deepseek_family: bool = False) -> dict[str, EngineTaps]:
     """The target tensors each engine feeds a head whose config.json carries these id keys.
 
     nested_ids: `eagle_config.eagle_aux_hidden_state_layer_ids`; top_ids: top-level
     `eagle_aux_hidden_state_layer_ids`. SGLang reads only the nested key, as output-of-layer ids
-    (sglang `models/llama.py` set_eagle3_layers_to_capture adds 1). vLLM reads the top-level key as
-    input-of-layer ids; without it, its V1 model runner (`v1/worker/gpu_model_runner.py`
-    _get_eagle3_aux_layers_from_config, which the CPU runner inherits) reads the nested ids UNCHANGED,
-    one layer low, while its V2 runner ignores the nested key and taps the defaults.
+    (sglang `models/llama.py` set_eagle3_layers_to_capture adds 1); for a DeepSeek-family target
+    (`deepseek_family`, SGLang's `models/deepseek_v2.py`) only when the first id is 1, since PR #25454,
+    and `sglang_before_25454` is the older reading (+1 always), reported for those targets only. vLLM
+    reads the top-level key as input-of-layer ids; without it, its V1 model runner
+    (`v1/worker/gpu_model_runner.py` _get_eagle3_aux_layers_from_config, which the CPU runner inherits)
+    reads the nested ids UNCHANGED, one layer low, while its V2 runner ignores the nested key and taps
+    the defaults.
 
     >>> t = engine_taps(8, nested_ids=[1, 3, 4])
-    >>> [(e, t[e].hf) for e in ENGINES]
+    >>> [(e, t[e].hf) for e in ENGINES if e in t]
     [('sglang', (2, 4, 5)), ('vllm_v1', (1, 3, 4)), ('vllm_v2', (2, 4, 5))]
     >>> [t.hf for t in engine_taps(8, nested_ids=[1, 3, 4], top_ids=[2, 4, 5]).values()]
     [(2, 4, 5), (2, 4, 5), (2, 4, 5)]
+    >>> [(e, t.hf) for e, t in engine_taps(8, nested_ids=[2, 4, 6], deepseek_family=True).items()][:2]
+    [('sglang', (2, 4, 6)), ('sglang_before_25454', (3, 5, 7))]
     """
     default = tuple(default_hf_layers(num_layers))
+    older = None
     if nested_ids is not None:
-        sglang = EngineTaps("sglang", _valid([k + 1 for k in nested_ids], num_layers),
-                            f"eagle_config ids {list(nested_ids)} as output-of-layer ids (+1)")
+        plus_one = EngineTaps("sglang", _valid([k + 1 for k in nested_ids], num_layers),
+                              f"eagle_config ids {list(nested_ids)} as output-of-layer ids (+1)")
+        if deepseek_family and list(nested_ids)[:1] != [1]:
+            sglang = EngineTaps("sglang", _valid(list(nested_ids), num_layers),
+                                f"eagle_config ids {list(nested_ids)} unchanged: deepseek_v2.py adds 1 only when the "
+                                "first id is 1 (PR #25454)")
+        else:
+            sglang = plus_one
+        if deepseek_family:
+            older = EngineTaps("sglang_before_25454", plus_one.hf, plus_one.reads + ", always (deepseek_v2.py before "
+                                                                                  "PR #25454, May 2026)")
     else:
         sglang = EngineTaps("sglang", default, "no eagle_config ids: the default HF[2], HF[N//2], HF[N-3]"
                             + (" (it ignores the top-level key)" if top_ids is not None else ""))
@@ -243,15 +272,24 @@ def engine_taps(num_layers: int, nested_ids=None, top_ids=None) -> dict[str, Eng
               EngineTaps("vllm_v1", default, "no ids: the default HF[2], HF[N//2], HF[N-3]"))
         v2 = EngineTaps("vllm_v2", default, "no top-level ids: the default HF[2], HF[N//2], HF[N-3]"
                         + (" (it ignores eagle_config)" if nested_ids is not None else ""))
-    return {t.engine: t for t in (sglang, v1, v2)}
+    return {t.engine: t for t in (sglang, older, v1, v2) if t is not None}
 
 
-def consistent_config_lines(hf) -> str:
-    """The draft config.json lines that make every engine tap HF `hf` (both keys, consistent).
+def consistent_config_lines(hf, deepseek_family: bool = False) -> str:
+    """The draft config.json lines that make every engine tap HF `hf` (both keys, consistent). For a
+    DeepSeek-family target whose lowest tap is not HF[2], SGLang since PR #25454 reads nested ids
+    from 2 up unchanged and older SGLang adds 1: no nested list serves both, and the lines say so.
 
     >>> consistent_config_lines([2, 4, 5])
     '"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}'
+    >>> consistent_config_lines([3, 5, 7], deepseek_family=True).split("; ")[0]
+    '"eagle_aux_hidden_state_layer_ids": [3, 5, 7], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 5, 7]}'
     """
     hf = sorted(hf)
-    return (f'"eagle_aux_hidden_state_layer_ids": {hf}, '
-            f'"eagle_config": {{"eagle_aux_hidden_state_layer_ids": {[i - 1 for i in hf]}}}')
+    if not deepseek_family or hf[0] == 2:
+        return (f'"eagle_aux_hidden_state_layer_ids": {hf}, '
+                f'"eagle_config": {{"eagle_aux_hidden_state_layer_ids": {[i - 1 for i in hf]}}}')
+    return (f'"eagle_aux_hidden_state_layer_ids": {hf}, "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {hf}}}'
+            f"; for SGLang before PR #25454 the nested ids must be {[i - 1 for i in hf]} instead (it adds 1 to "
+            "every id; since the PR, DeepSeek-family targets add 1 only when the first id is 1): no nested list "
+            "serves both versions unless the lowest tap is HF[2]")

@@ -20,7 +20,13 @@ from pathlib import Path
 
 import torch
 
-from eagle_eval.models.capture import ENGINE_NAMES, consistent_config_lines, default_hf_layers, engine_taps
+from eagle_eval.models.capture import (
+    ENGINE_NAMES,
+    consistent_config_lines,
+    default_hf_layers,
+    engine_taps,
+    sglang_deepseek_family,
+)
 from eagle_eval.models.mla_checks import mla_findings
 from eagle_eval.models.variant_checks import head_variant_findings
 from eagle_eval.results.findings import Finding, error, guarded, info, warning
@@ -234,7 +240,7 @@ def config_aux_hf(raw: dict) -> list[int] | None:
     return sorted(i + 1 for i in nested) if nested is not None else sorted(top) if top is not None else None
 
 
-def aux_id_findings(raw: dict, num_layers: int, aux, cli_ids) -> list[Finding]:
+def aux_id_findings(raw: dict, num_layers: int, aux, cli_ids, deepseek_family: bool = False) -> list[Finding]:
     """What each engine taps for this config (capture.engine_taps) against the layers the config means
     (the head's training layers as far as its config says), and a --aux-layers that overrides them."""
     nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -242,16 +248,17 @@ def aux_id_findings(raw: dict, num_layers: int, aux, cli_ids) -> list[Finding]:
     from_config = config_aux_hf(raw) or default_hf_layers(num_layers)
     reference, source = (sorted(aux.hf), aux.source) if cli_ids is None else (sorted(from_config), "draft config")
     out = []
-    for taps in engine_taps(num_layers, nested, top).values():
+    recommended = consistent_config_lines(reference, deepseek_family)
+    for taps in engine_taps(num_layers, nested, top, deepseek_family).values():
         if taps.hf is not None and list(taps.hf) == reference:
             continue
         tapped = f"HF {list(taps.hf)}" if taps.hf is not None else "no valid layers"
         out.append(warning(f"{taps.engine.replace('_', '-')}-taps-differ",
                            f"{ENGINE_NAMES[taps.engine]} would tap {tapped} ({taps.reads}), not the HF {reference} "
-                           f"of the {source}: set {consistent_config_lines(reference)} in the draft config.json "
-                           "so that every engine taps the same tensors",
+                           f"of the {source}: set {recommended} in the draft config.json so that every engine taps "
+                           "the same tensors",
                            engine=taps.engine, engine_hf=list(taps.hf) if taps.hf is not None else None,
-                           recommended=consistent_config_lines(reference)))
+                           recommended=recommended))
     if cli_ids is not None and sorted(aux.hf) != sorted(from_config):
         out.append(warning("aux-layers-override",
                            f"--aux-layers gives HF {list(aux.hf)} but the draft config implies HF "
@@ -321,7 +328,8 @@ def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
     out += guarded("vocab-map", lambda: vocab_map_findings(head.d2t, head.t2d,
                                                             "t2d" in stored_dtypes(loaded.weights_file)))
     out += guarded("rope", rope_findings, head.config, raw, tcfg)
-    out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, config.aux_layers)
+    out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, config.aux_layers,
+                   sglang_deepseek_family(tcfg))
     out += guarded("dialect", dialect_findings, loaded, raw)
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))
     out += guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)

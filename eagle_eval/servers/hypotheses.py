@@ -109,7 +109,7 @@ def oracle_variant(oracle, h: Hypothesis):
 
 
 ENGINE_HYPOTHESES = {
-    "sglang": {"sglang": "sglang_reads_config"},
+    "sglang": {"sglang": "sglang_reads_config", "sglang_before_25454": "sglang_before_25454_reads_config"},
     "vllm": {"vllm_v1": "vllm_v1_reads_config", "vllm_v2": "vllm_v2_reads_config"},
 }
 
