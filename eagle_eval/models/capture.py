@@ -196,7 +196,7 @@ ENGINE_NAMES = {"sglang": "SGLang", "sglang_before_25454": "SGLang before PR #25
 # Targets SGLang runs with models/deepseek_v2.py, whose set_eagle3_layers_to_capture applies the +1 only
 # when the first nested id is 1 since PR #25454 (merged 2026-05-18; "drop +1 offset on aux layer ids
 # when first id != 1"): ids starting at 2 are read as input-of-layer ids. llama.py and the others keep +1.
-DEEPSEEK_FAMILY = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_k25")
+DEEPSEEK_FAMILY = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2")   # a multimodal wrapper: its text_config
 
 
 def sglang_deepseek_family(model_config) -> bool:
