@@ -388,8 +388,12 @@ def teacher_forced(head, target, batches: list[HeadBatch], layers: tuple[int, ..
                    num_steps: int) -> tuple[list[float], float]:
     """(per-step accuracy acc_j [num_steps], simulated tau) on `batches`.
 
-    acc_j: teacher-forced accuracy of step j (SpecForge acc_k). Simulated tau: 1 + mean over start
-    pairs of the number of leading correct steps (capped at num_steps), a chain cycle from every pair.
+    acc_j: teacher-forced accuracy of step j, like SpecForge's acc_k except that a label outside the
+    draft vocab is left out of both count and total (SpecForge counts it as a miss), so these build-time
+    figures run a little high; they only gate the build (check_heads) and are not shipped with the heads.
+    scripts/smollm2_metrics.py, whose figures are shipped, counts them as misses. Simulated tau: 1 +
+    mean over start pairs of the number of leading correct steps (capped at num_steps), a chain cycle
+    from every pair.
     """
     from eagle_eval.spec.draft import unroll_chains
 
