@@ -106,7 +106,7 @@ def _eos_ids(tokenizer, model) -> set[int]:
 def _choose_embedding(choice: str, loaded, target) -> tuple[object, str]:
     """(embedding module, which table) following --draft-embedding (vLLM's rule for `auto`)."""
     head = loaded.head
-    target_table = target.model.get_input_embeddings()
+    target_table = target.input_embeddings
     own = head.embed_tokens
     compatible = tuple(target_table.weight.shape) == (head.config.vocab_size, head.config.hidden_size)
     if choice == "own" or (choice == "auto" and own is not None):

@@ -18,9 +18,9 @@ way; vLLM's `EagleModelMixin._maybe_add_hidden_state` (PR #36063) captures id N 
 state (PR #46788 for DeepSeek). Internally index N means that pre-norm state; only `boundary` ids may
 name it. With `boundary` and no explicit ids, the draft config's ids are read as boundaries.
 
-`FeatureCapture` hooks the inputs of the decoder layers (`model.model.layers[i]`), and the output of the
-last layer for index N, so no modeling code is forked and any decoder stack transformers exposes that
-way works.
+`FeatureCapture` hooks the inputs of the text decoder layers (`Target.layers`: `model.model.layers[i]`,
+or a multimodal model's, models/text_decoder.py), and the output of the last layer for index N, so no
+modeling code is forked and any decoder stack transformers exposes that way works.
 """
 
 from __future__ import annotations

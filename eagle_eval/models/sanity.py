@@ -310,13 +310,13 @@ def dtype_findings(weights_file: str, run_dtype: str, target_cfg) -> list[Findin
 def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
     """Every load-time check. target: `Target`; loaded: `LoadedHead`; aux: resolved `AuxLayers`;
     config: the `RunConfig`; embedding: which table the oracle uses (from `_choose_embedding`)."""
-    head, tcfg = loaded.head, target.model.config
+    head, tcfg = loaded.head, target.text_config
     raw = json.loads((Path(loaded.path) / "config.json").read_text())
     layer = raw.get("transformer_layer_config") or raw
     init_range = layer.get("initializer_range", 0.02)
     used = (torch.arange(head.d2t.numel(), device=head.d2t.device) + head.d2t)
-    target_head = target.model.get_output_embeddings().weight
-    target_table = target.model.get_input_embeddings().weight
+    target_head = target.output_embeddings.weight
+    target_table = target.input_embeddings.weight
     out = guarded("lm_head", lambda: matrix_findings(
         "lm_head", head.lm_head.weight, init_range, target_head[used.to(target_head.device)],
         "the target's lm_head rows of the draft vocab"))
@@ -329,7 +329,7 @@ def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
                                                             "t2d" in stored_dtypes(loaded.weights_file)))
     out += guarded("rope", rope_findings, head.config, raw, tcfg)
     out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, config.aux_layers,
-                   sglang_deepseek_family(tcfg))
+                   sglang_deepseek_family(target.model.config))
     out += guarded("dialect", dialect_findings, loaded, raw)
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))
     out += guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)

@@ -1,8 +1,10 @@
 """The target model: loading with accelerate placement and its forward with an explicit KV cache.
 
-Contract: `Target` wraps a transformers causal LM whose decoder stack is `model.model.layers`; it
-exposes `forward(ids, cache)` returning float32 logits and `rollback(cache, length)`, the one cache
-operation the speculative loop needs. It knows nothing about draft heads.
+Contract: `Target` wraps a transformers causal LM, or a multimodal model run on text, whose text
+decoder `models/text_decoder.py` finds (`model.model.layers`, `model.model.language_model.layers`,
+`model.language_model.model.layers`); it exposes `forward(ids, cache)` returning float32 logits and
+`rollback(cache, length)`, the one cache operation the speculative loop needs. It knows nothing about
+draft heads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from eagle_eval.errors import UserError
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
+from eagle_eval.models.text_decoder import find_text_decoder
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SMALL_CPU_MODEL = 100_000_000     # parameters; below this a CPU target runs on one thread
@@ -48,41 +51,49 @@ def device_map_arg(device_map: str):
 @dataclass(frozen=True)
 class TargetInfo:
     path: str
-    architecture: str
-    num_layers: int
+    architecture: str                     # the loaded class (a multimodal wrapper's own name)
+    num_layers: int                       # N, layers of the text decoder
     hidden_size: int
     vocab_size: int
     dtype: str
     devices: tuple[str, ...]
-    max_positions: int | None = None      # config.max_position_embeddings
+    max_positions: int | None = None      # the text config's max_position_embeddings
     quantization: dict | None = None     # models/quant.quantization_info: None for an unquantized checkpoint
+    decoder: str = "model.model.layers"   # where the text decoder layers are (models/text_decoder.py)
+    text_architecture: str | None = None  # the text config's model_type when it is not the model's own
 
 
 class Target:
+    """A loaded target. Supported layouts: a causal LM (`model.model.layers`: Llama, Qwen, DeepSeek,
+    ...), a transformers multimodal model run on text (`model.model.language_model.layers`: LLaVA,
+    Mistral3, Qwen2.5-VL, Qwen3-VL, ...) and a wrapper holding a causal LM as `language_model`
+    (`model.language_model.model.layers`: Kimi-K2.5's remote code). `layers` are the text decoder's
+    (aux hooks go there), `text_config` its settings, `input_embeddings` / `output_embeddings` its
+    token table and lm_head. Anything else is a `TargetError` naming what was followed."""
+
     def __init__(self, model, path: str = ""):
         self.model = model.eval()
-        decoder = getattr(model, "model", None)
-        self.layers = getattr(decoder, "layers", None)
-        if self.layers is None:
-            raise TargetError(f"{path or type(model).__name__}: no decoder stack at model.model.layers; "
-                              "eagle-eval supports decoder-only LMs laid out like Llama/Qwen/DeepSeek")
+        text = find_text_decoder(model, path or type(model).__name__, TargetError)
+        self.layers, self.text_config = text.layers, text.config
+        self.input_embeddings, self.output_embeddings = text.input_embeddings, text.output_embeddings
         self.num_layers = len(self.layers)
-        self.input_device = model.get_input_embeddings().weight.device
-        self.output_device = model.get_output_embeddings().weight.device
+        self.input_device = self.input_embeddings.weight.device
+        self.output_device = self.output_embeddings.weight.device
         params = inspect.signature(model.forward).parameters
         # transformers renamed past_key_values -> cache (5.2x keeps the old name as deprecated)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        cfg = model.config
+        cfg, own_type = self.text_config, getattr(model.config, "model_type", None)
         self.info = TargetInfo(
             path=path, architecture=type(model).__name__, num_layers=self.num_layers,
-            hidden_size=cfg.hidden_size, vocab_size=model.get_output_embeddings().weight.shape[0],
+            hidden_size=cfg.hidden_size, vocab_size=self.output_embeddings.weight.shape[0],
             dtype=str(model.dtype).replace("torch.", ""),
             devices=tuple(sorted({str(p.device) for p in model.parameters()})),
-            max_positions=getattr(cfg, "max_position_embeddings", None))
+            max_positions=getattr(cfg, "max_position_embeddings", None), decoder=f"{text.path}.layers",
+            text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None)
 
     def new_cache(self):
         from transformers import DynamicCache
-        return DynamicCache(config=self.model.config)
+        return DynamicCache(config=self.text_config)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, cache, position_ids=None, attention_mask=None,
@@ -136,7 +147,7 @@ class Target:
         return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(ids.to(self.input_device))
+        return self.input_embeddings(ids.to(self.input_device))
 
 
 def _check_device(device_map: str) -> None:
@@ -149,8 +160,30 @@ def _check_device(device_map: str) -> None:
             raise TargetError(f"--device-map {device_map}: CUDA devices here are cuda:0..cuda:{count - 1}")
 
 
-def _check_files(folder: Path, trust_remote_code: bool) -> None:
-    """config.json and the weights files, read before transformers does (its errors name no file)."""
+AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModel")
+
+
+def auto_class_name(config: dict, trust_remote_code: bool) -> str:
+    """The transformers Auto class that builds the whole model with its lm_head. AutoModelForCausalLM,
+    or AutoModelForImageTextToText for a multimodal model transformers registers only there (LLaVA,
+    Mistral3, Qwen2.5-VL, Qwen3-VL; through AutoModelForCausalLM, Gemma3 loads whole and Llama-4 as its
+    text-only Llama4ForCausalLM). Remote code: the first of AUTO_CLASSES its `auto_map` names (a
+    multimodal wrapper may map only AutoModel)."""
+    from transformers.models.auto import modeling_auto
+
+    auto_map = config.get("auto_map") or {}
+    if trust_remote_code and any(name in auto_map for name in AUTO_CLASSES):
+        return next(name for name in AUTO_CLASSES if name in auto_map)
+    kind = config.get("model_type")
+    if (kind not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            and kind in modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES):
+        return "AutoModelForImageTextToText"
+    return "AutoModelForCausalLM"
+
+
+def _check_files(folder: Path, trust_remote_code: bool) -> dict:
+    """config.json and the weights files, read before transformers does (its errors name no file);
+    returns config.json."""
     config = read_json_file(folder / "config.json", TargetError, "a Hugging Face model config (a JSON object)")
     if "auto_map" in config and not trust_remote_code:
         raise TargetError(f"{folder / 'config.json'}: key 'auto_map' asks for the folder's own Python code; "
@@ -163,6 +196,7 @@ def _check_files(folder: Path, trust_remote_code: bool) -> None:
         missing = sorted({f for f in shards.values() if not (folder / f).is_file()})
         if missing:
             raise TargetError(f"{index}: key 'weight_map' names {missing[0]}, which is not in {folder}")
+    return config
 
 
 def _check_fp8_blocks(folder: Path) -> None:
@@ -183,9 +217,11 @@ def _check_fp8_blocks(folder: Path) -> None:
 
 def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_memory: str | None = None,
                 trust_remote_code: bool = False, fp8_matmul: str = "auto"):
-    """Load a local Hugging Face causal LM folder and its tokenizer -> (Target, tokenizer). A block-FP8
-    checkpoint held in FP8 runs its matmuls as `fp8_matmul` says (models/fp8_matmul.py)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load a local Hugging Face folder (a causal LM, or a multimodal model run on text: `auto_class_name`)
+    and its tokenizer -> (Target, tokenizer). A block-FP8 checkpoint held in FP8 runs its matmuls as
+    `fp8_matmul` says (models/fp8_matmul.py)."""
+    import transformers
+    from transformers import AutoTokenizer
 
     from eagle_eval.models.fp8_matmul import resolve_fp8_matmul
 
@@ -201,14 +237,14 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
     _check_device(device_map)
     if dm == "auto" and not torch.cuda.is_available():
         dm = {"": "cpu"}
-    _check_files(folder, trust_remote_code)
+    auto_class = auto_class_name(_check_files(folder, trust_remote_code), trust_remote_code)
     _check_fp8_blocks(folder)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = getattr(transformers, auto_class).from_pretrained(
             str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=parse_max_memory(max_memory),
             trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError) as exc:
-        raise said_by(f"{folder}: transformers cannot load the target model", exc, TargetError) from exc
+        raise said_by(f"{folder}: transformers ({auto_class}) cannot load the target model", exc, TargetError) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
                                                   trust_remote_code=trust_remote_code)

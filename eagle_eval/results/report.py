@@ -211,12 +211,18 @@ def _variant_lines(head: dict) -> list[str]:
     return lines
 
 
+def _text_decoder(target: dict) -> str:
+    """' in model.language_model.model.layers (deepseek_v3)' for a multimodal wrapper; '' for a causal LM."""
+    text = target.get("text_architecture")
+    return f" in {target.get('decoder')} ({text})" if text else ""
+
+
 def render_table(report: dict) -> str:
     cfg, s = report["config"], report["summary"]
     aux = cfg["aux_layers"]
     lines = [
-        f"target  {cfg['target']['path']}  ({cfg['target']['architecture']}, {cfg['target']['num_layers']} layers, "
-        f"{cfg['dtype']}, {', '.join(cfg['target']['devices'])})",
+        f"target  {cfg['target']['path']}  ({cfg['target']['architecture']}, {cfg['target']['num_layers']} layers"
+        f"{_text_decoder(cfg['target'])}, {cfg['dtype']}, {', '.join(cfg['target']['devices'])})",
         *([f"quant   {cfg['target']['quantization']['summary']}"] if cfg['target'].get('quantization') else []),
         f"draft   {cfg['head']['path']}  ({cfg['head']['dialect']} layout)",
         f"aux layers  HF {aux['hf']}  = SGLang ids {aux['sglang']}  = vLLM ids {aux['vllm']}"

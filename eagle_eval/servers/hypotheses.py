@@ -81,7 +81,7 @@ def candidate_hypotheses(aux_hf, num_layers: int, position_offset: int = 0, embe
 
 def _embed_fn(oracle, which: str):
     target, head = oracle.speculator.target, oracle.speculator.head
-    table = target.model.get_input_embeddings() if which == "target" else head.embed_tokens
+    table = target.input_embeddings if which == "target" else head.embed_tokens
     device, dtype = head.lm_head.weight.device, head.lm_head.weight.dtype
 
     def embed(ids):
