@@ -64,18 +64,26 @@ class Oracle:
     resolved: dict
     warnings: list[str] = field(default_factory=list)
 
-    def limits(self, extra: int | None = None) -> tuple[int, int | None, int]:
-        """(vocab size, max positions, positions a decode adds past the prompt) for check_prompts."""
+    def limits(self, extra: int | None = None) -> tuple[int, int | None, int, str]:
+        """(vocab size, max positions, positions a decode adds past the prompt, what sets the maximum)
+        for check_prompts. A decode (`extra` None) of a target with sliding-window KV layers stays
+        below the window: such a layer cannot be rolled back once full (Target.rollback)."""
         info, cfg = self.speculator.target.info, self.config
         verify = max(cfg.num_steps, self.resolved["num_draft_tokens"])     # positions one verify adds
-        return info.vocab_size, info.max_positions, cfg.max_new_tokens + verify + 1 if extra is None else extra
+        window = info.sliding_window if extra is None else None
+        if window is not None and (info.max_positions is None or window - 1 < info.max_positions):
+            bound = (f"sliding window {window}, less one: the loop cannot roll back a full sliding-window KV layer; "
+                     "`profile` has no such limit")
+            return info.vocab_size, window - 1, cfg.max_new_tokens + verify + 1, bound
+        return (info.vocab_size, info.max_positions, cfg.max_new_tokens + verify + 1 if extra is None else extra,
+                "max_position_embeddings")
 
     def decode(self, prompt: Prompt, check_lossless: bool | None = None) -> SampleRecord:
         from eagle_eval.workload.data import check_length
 
         cfg = self.config
-        _, max_positions, extra = self.limits()
-        check_length(prompt, max_positions, extra, "the workload")
+        _, max_positions, extra, bound = self.limits()
+        check_length(prompt, max_positions, extra, "the workload", bound)
         d = speculative_decode(self.speculator, prompt.input_ids, cfg.num_steps, cfg.max_new_tokens,
                                self.eos_ids, cfg.topk, self.resolved["num_draft_tokens"])
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),

@@ -61,6 +61,7 @@ class TargetInfo:
     quantization: dict | None = None     # models/quant.quantization_info: None for an unquantized checkpoint
     decoder: str = "model.model.layers"   # where the text decoder layers are (models/text_decoder.py)
     text_architecture: str | None = None  # the text config's model_type when it is not the model's own
+    sliding_window: int | None = None     # the smallest sliding window among the KV cache's layers
 
 
 class Target:
@@ -83,13 +84,15 @@ class Target:
         # transformers renamed past_key_values -> cache (5.2x keeps the old name as deprecated)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         cfg, own_type = self.text_config, getattr(model.config, "model_type", None)
+        windows = [layer.sliding_window for layer in self.new_cache().layers if getattr(layer, "is_sliding", False)]
         self.info = TargetInfo(
             path=path, architecture=type(model).__name__, num_layers=self.num_layers,
             hidden_size=cfg.hidden_size, vocab_size=self.output_embeddings.weight.shape[0],
             dtype=str(model.dtype).replace("torch.", ""),
             devices=tuple(sorted({str(p.device) for p in model.parameters()})),
             max_positions=getattr(cfg, "max_position_embeddings", None), decoder=f"{text.path}.layers",
-            text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None)
+            text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None,
+            sliding_window=min(windows) if windows else None)
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -119,6 +122,7 @@ class Target:
         if remove < 0:
             raise ValueError(f"cannot roll the target cache forward ({cache.get_seq_length()} -> {length})")
         if remove:
+            _check_window(cache, "roll back")
             cache.crop(-remove)
         if cache.get_seq_length() != length:
             raise RuntimeError(f"target cache rollback to {length} left {cache.get_seq_length()} entries")
@@ -129,7 +133,11 @@ class Target:
         after a tree verify, the accepted path. Works on the key/value tensors of each layer."""
         total = cache.get_seq_length()
         for layer in cache.layers:
-            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            if getattr(layer, "is_sliding", False):
+                raise TargetError(f"tree verification (--topk > 1) needs full-attention KV layers; this target has "
+                                  f"sliding-window layers (window {layer.sliding_window}): run it with --topk 1, "
+                                  "or `eagle-eval profile` for trees")
+            if not hasattr(layer, "keys"):
                 raise RuntimeError(f"tree verification needs full-attention KV layers, got {type(layer).__name__}")
             idx = torch.tensor(indices, device=layer.keys.device) + start
             layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, idx)], dim=-2)
@@ -148,6 +156,17 @@ class Target:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.input_embeddings(ids.to(self.input_device))
+
+
+def _check_window(cache, what: str) -> None:
+    """A sliding-window KV layer drops its oldest entries once full, after which it cannot be cropped
+    (transformers' DynamicSlidingWindowLayer): refuse, naming the window, rather than fail inside it."""
+    for layer in cache.layers:
+        window = getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+        if window is not None and layer.get_seq_length() >= window and not getattr(layer, "record_past", False):
+            raise TargetError(f"cannot {what} the target cache: {layer.get_seq_length()} positions fill a "
+                              f"sliding-window KV layer (window {window}); the loop runs such targets only below "
+                              "the window (shorter prompts or --max-new-tokens), `profile` at any length")
 
 
 def _check_device(device_map: str) -> None:

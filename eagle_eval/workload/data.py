@@ -36,19 +36,19 @@ def tokenize_row(row: dict, tokenizer, where: str, fmt) -> tuple[list[int], str 
 
 def check_prompts(prompts, limits, where: str) -> None:
     """Refuse prompts the target cannot take: token ids outside its vocabulary, or more positions than
-    max_position_embeddings once max_new_tokens and the last verify's drafts are added.
-    limits: (vocab_size, max_positions or None, positions the decode adds after the prompt)."""
-    vocab, max_pos, extra = limits
+    the maximum once max_new_tokens and the last verify's drafts are added. limits: (vocab_size,
+    max_positions or None, positions the decode adds after the prompt, what sets the maximum)."""
+    vocab, max_pos, extra, bound = limits
     for p in prompts:
         bad = next((t for t in p.input_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise DataError(f"{where}: prompt id {p.id!r}: token id {bad} is outside the target's vocabulary "
                             f"0..{vocab - 1}")
-        check_length(p, max_pos, extra, where)
+        check_length(p, max_pos, extra, where, bound)
 
 
-def check_length(prompt, max_pos: int | None, extra: int, where: str) -> None:
+def check_length(prompt, max_pos: int | None, extra: int, where: str, bound: str = "max_position_embeddings") -> None:
     if max_pos is not None and len(prompt.input_ids) + extra > max_pos:
         raise DataError(f"{where}: prompt id {prompt.id!r} has {len(prompt.input_ids)} tokens; with {extra} more "
-                        f"(--max-new-tokens + draft steps) that is past the target's max_position_embeddings "
-                        f"{max_pos}: shorten it, lower --max-new-tokens, or leave it out (--categories/--limit)")
+                        f"(--max-new-tokens + draft steps) that is past the target's {max_pos} positions "
+                        f"({bound}): shorten it, lower --max-new-tokens, or leave it out (--categories/--limit)")
