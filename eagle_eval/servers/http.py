@@ -28,12 +28,14 @@ class ServerReply:
     """One request's outcome as the server reports it (None = not reported by this server)."""
     output_ids: list[int] | None
     completion_tokens: int | None
-    verify_count: int | None = None        # SGLang spec_verify_ct; vLLM delta of num_drafts
+    verify_count: int | None = None        # SGLang spec_verify_ct; vLLM num_spec_steps or delta of num_drafts
     accepted_drafts: int | None = None     # bonus not counted
     accept_length: float | None = None     # SGLang's own meta_info.spec_accept_length
-    histogram: list[int] | None = None     # SGLang spec_accept_histogram
-    accepted_per_position: list[int] | None = None   # vLLM delta of num_accepted_tokens_per_pos
-    draft_tokens: int | None = None        # vLLM delta of num_draft_tokens; SGLang proposed drafts
+    histogram: list[int] | None = None     # SGLang spec_accept_histogram; vLLM acceptance_histogram
+    accepted_per_position: list[int] | None = None   # vLLM: from per-request metrics, or delta of ..._per_pos
+    draft_tokens: int | None = None        # vLLM num_draft_tokens (or its delta); SGLang proposed drafts
+    accepted_per_cycle: list[int] | None = None      # accepted drafts of each verify step, in order (vLLM detailed)
+    source: str | None = None              # where the acceptance counts came from (vLLM: see servers/vllm.py)
     notes: list[str] = field(default_factory=list)   # what this server did not report, and why it matters
     raw: dict = field(default_factory=dict)          # the server's own fields, for the report
 

@@ -10,7 +10,25 @@ vLLM (vllm-project/vllm, V1 engine)
 - `GET /metrics`: Prometheus counters `vllm:spec_decode_num_drafts`, `..._num_draft_tokens`,
   `..._num_accepted_tokens` and `..._num_accepted_tokens_per_pos{position="0".."k-1"}`
   (`v1/spec_decode/metrics.py` SpecDecodingProm; exposed with the `_total` suffix by prometheus_client),
-  summed over the `engine` label. Per request = the difference of two reads around it.
+  summed over the `engine` label. Per request = the difference of two reads around it: server-wide, so
+  only valid one request at a time with no other traffic on the server.
+- Per-request metrics (vLLM 0.32 read; marked experimental there), offered when the server runs with
+  `--per-request-spec-decode-metrics summary|detailed` (`config/observability.py`
+  ObservabilityConfig.per_request_spec_decode_metrics; `engine/arg_utils.py`): the response's top-level
+  `metrics.speculative_decoding` (`entrypoints/openai/completion/serving.py` sets
+  CompletionResponse.metrics for a single prompt with n == 1; the model is SpeculativeDecodingMetrics in
+  `entrypoints/generate/base/protocol.py`, filled by RequestSpecDecodeMetrics.to_dict in
+  `v1/metrics/stats.py`, observed by `v1/core/sched/scheduler.py` in the same place as the Prometheus
+  counters): `num_spec_tokens` (k), `acceptance_histogram` [k+1] (index j = verify steps that accepted
+  exactly j drafts), `num_spec_steps`, `num_accepted_draft_tokens`, `num_draft_tokens`, and at the
+  `detailed` level `per_step_accepted` / `per_step_drafted`, one entry per verify step in order (left
+  out when empty, i.e. a request without a verify step). Independent of `--disable-log-stats`.
+
+Which source a reply's counts come from is `ServerReply.source`: `SOURCE_DETAILED`, `SOURCE_SUMMARY`
+or `SOURCE_COUNTERS`; the client's `metrics_source` chooses (`METRICS_SOURCES`): `auto` (per-request
+metrics when the answer carries them, else counter deltas), `per-request` (never counter deltas: a
+shared server), `counters` (always counter deltas; the per-request metrics, when present, are kept in
+`raw` and compared with them).
 """
 
 from __future__ import annotations
@@ -24,6 +42,11 @@ VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+SOURCE_DETAILED = "per-request metrics (detailed)"
+SOURCE_SUMMARY = "per-request metrics (summary)"
+SOURCE_COUNTERS = "counter deltas"
+METRICS_SOURCES = ("auto", "per-request", "counters")
+SERVE_FLAG = "--per-request-spec-decode-metrics detailed"
 
 
 @dataclass(frozen=True)
@@ -93,11 +116,119 @@ def parse_vllm_completion(body, url: str) -> tuple[list[int] | None, int | None]
     return ids, completion if isinstance(completion, int) else (len(ids) if ids is not None else None)
 
 
+@dataclass(frozen=True)
+class RequestSpecMetrics:
+    """One answer's `metrics.speculative_decoding`, checked for consistency (see the module docstring)."""
+    num_spec_tokens: int                        # k, vLLM's num_speculative_tokens
+    histogram: tuple[int, ...]                  # [k+1]: index j = verify steps that accepted exactly j drafts
+    num_spec_steps: int
+    accepted_drafts: int                        # num_accepted_draft_tokens, bonus not counted
+    draft_tokens: int                           # num_draft_tokens (proposed)
+    per_step_accepted: tuple[int, ...] | None   # [num_spec_steps], in order; None at the summary level
+    per_step_drafted: tuple[int, ...] | None
+
+    @property
+    def level(self) -> str:
+        return "summary" if self.per_step_accepted is None else "detailed"
+
+    @property
+    def accepted_per_position(self) -> list[int]:
+        """[k]: verify steps that accepted at least i+1 drafts (the Prometheus ..._per_pos position i),
+        counted from the per-step sequence when there is one, else from the histogram."""
+        if self.per_step_accepted is not None:
+            return [sum(1 for a in self.per_step_accepted if a > i) for i in range(self.num_spec_tokens)]
+        return [sum(self.histogram[i + 1:]) for i in range(self.num_spec_tokens)]
+
+
+def parse_vllm_spec_metrics(body, url: str) -> RequestSpecMetrics | None:
+    """A /v1/completions answer -> its per-request speculative metrics, or None when it carries none.
+
+    A request without a verify step carries no per-step arrays at either level (vLLM leaves empty ones
+    out); its per-step sequence is then the empty one. Fields that contradict each other are a
+    ServerError: the counts could not be trusted.
+
+    >>> m = parse_vllm_spec_metrics({"metrics": {"speculative_decoding": {"num_spec_tokens": 2,
+    ...     "acceptance_histogram": [1, 0, 2], "num_spec_steps": 3, "num_accepted_draft_tokens": 4,
+    ...     "num_draft_tokens": 6, "per_step_accepted": [2, 0, 2], "per_step_drafted": [2, 2, 2]}}}, "u")
+    >>> m.level, m.accepted_per_position, m.per_step_accepted
+    ('detailed', [2, 2], (2, 0, 2))
+    """
+    metrics = body.get("metrics") if isinstance(body, dict) else None
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if spec is None:
+        return None
+
+    def bad(why: str):
+        return ServerError(f"{url}: metrics.speculative_decoding {why} (vLLM's per-request metrics, experimental: "
+                           "another shape than vLLM 0.32's?)")
+    if not isinstance(spec, dict):
+        raise bad("is not an object")
+    ints = {}
+    for key in ("num_spec_tokens", "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens"):
+        value = spec.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(f"has no count {key} (got {snippet(value)})")
+        ints[key] = value
+    k, steps = ints["num_spec_tokens"], ints["num_spec_steps"]
+    hist = int_list(spec.get("acceptance_histogram"))
+    if hist is None or len(hist) != k + 1 or min(hist) < 0:
+        raise bad(f"acceptance_histogram is not {k + 1} counts (got {snippet(spec.get('acceptance_histogram'))})")
+    if sum(hist) != steps or sum(j * h for j, h in enumerate(hist)) != ints["num_accepted_draft_tokens"]:
+        raise bad(f"acceptance_histogram {hist} does not sum to num_spec_steps {steps} and "
+                  f"num_accepted_draft_tokens {ints['num_accepted_draft_tokens']}")
+    accepted, drafted = spec.get("per_step_accepted"), spec.get("per_step_drafted")
+    if accepted is None and drafted is None:
+        accepted = drafted = [] if steps == 0 else None
+    if accepted is not None:
+        accepted, drafted = int_list(accepted), int_list(drafted)
+        if accepted is None or drafted is None or len(accepted) != steps or len(drafted) != steps:
+            raise bad(f"per_step_accepted / per_step_drafted are not {steps} counts each")
+        if [accepted.count(j) for j in range(k + 1)] != hist or \
+                any(not 0 <= a <= d for a, d in zip(accepted, drafted)) or sum(drafted) != ints["num_draft_tokens"]:
+            raise bad(f"per_step_accepted {snippet(accepted)} / per_step_drafted {snippet(drafted)} contradict "
+                      f"acceptance_histogram {hist} or num_draft_tokens {ints['num_draft_tokens']}")
+    return RequestSpecMetrics(k, tuple(hist), steps, ints["num_accepted_draft_tokens"], ints["num_draft_tokens"],
+                              None if accepted is None else tuple(accepted),
+                              None if drafted is None else tuple(drafted))
+
+
+def reply_counts(spec: RequestSpecMetrics) -> dict:
+    """ServerReply's count fields from per-request metrics."""
+    return {"verify_count": spec.num_spec_steps, "accepted_drafts": spec.accepted_drafts,
+            "draft_tokens": spec.draft_tokens, "histogram": list(spec.histogram),
+            "accepted_per_position": spec.accepted_per_position,
+            "accepted_per_cycle": None if spec.per_step_accepted is None else list(spec.per_step_accepted),
+            "source": SOURCE_DETAILED if spec.level == "detailed" else SOURCE_SUMMARY}
+
+
+def delta_counts(delta: SpecCounters) -> dict:
+    """ServerReply's count fields from counter deltas (no histogram, no per-step sequence)."""
+    as_int = lambda x: None if x is None else int(round(x))  # noqa: E731
+    return {"verify_count": as_int(delta.drafts), "accepted_drafts": as_int(delta.accepted),
+            "draft_tokens": as_int(delta.draft_tokens),
+            "accepted_per_position": [int(round(x)) for x in delta.per_position] or None,
+            "source": SOURCE_COUNTERS}
+
+
+def sources_differ(deltas: dict, spec: RequestSpecMetrics) -> list[str]:
+    """The counts on which counter deltas and per-request metrics of one request differ (names)."""
+    mine = reply_counts(spec)
+    out = [key for key in ("verify_count", "accepted_drafts", "draft_tokens") if deltas[key] != mine[key]]
+    n = max(len(deltas["accepted_per_position"] or []), spec.num_spec_tokens)
+    pad = lambda x: list(x or []) + [0] * (n - len(x or []))  # noqa: E731
+    if pad(deltas["accepted_per_position"]) != pad(mine["accepted_per_position"]):
+        out.append("accepted_per_position")
+    return out
+
+
 class VLLMClient:
     backend = "vllm"
 
-    def __init__(self, http: Http, model: str | None = None, settle: float = 0.2):
-        self.http, self._model, self.settle = http, model, settle
+    def __init__(self, http: Http, model: str | None = None, settle: float = 0.2, metrics_source: str = "auto"):
+        if metrics_source not in METRICS_SOURCES:
+            raise ValueError(f"metrics_source must be one of {METRICS_SOURCES}, got {metrics_source!r}")
+        self.http, self._model, self.settle, self.metrics_source = http, model, settle, metrics_source
+        self._per_request_seen = False     # auto: once an answer carried them, /metrics is no longer read
 
     def model(self) -> str:
         if self._model is None:
@@ -132,24 +263,48 @@ class VLLMClient:
         return {"num_speculative_tokens": len(c.per_position) or None}, None
 
     def generate(self, input_ids: list[int], max_new_tokens: int) -> ServerReply:
+        """One request; its acceptance from the answer's per-request metrics or from counter deltas
+        (`metrics_source`, see the module docstring), the source named in the reply."""
         url = self.http.base + "/v1/completions"
         body = {"model": self.model(), "prompt": list(input_ids), "max_tokens": max_new_tokens,
                 "temperature": 0.0, "return_token_ids": True, "logprobs": 0, "return_tokens_as_token_ids": True}
-        before = self.counters()          # the previous request's read already settled
-        ids, completion = parse_vllm_completion(self.http.json("POST", "/v1/completions", json=body), url)
+        read_counters = self.metrics_source == "counters" or (self.metrics_source == "auto"
+                                                              and not self._per_request_seen)
+        before = self.counters() if read_counters else None     # the previous request's read already settled
+        answer = self.http.json("POST", "/v1/completions", json=body)
+        ids, completion = parse_vllm_completion(answer, url)
+        spec = parse_vllm_spec_metrics(answer, url)
+        notes = [] if ids is not None else [
+            "the answer has neither choices[0].token_ids nor token-id logprobs: output tokens are not compared"]
+        raw = {} if spec is None else {"per_request_metrics": answer["metrics"]["speculative_decoding"]}
+        if spec is not None and self.metrics_source != "counters":
+            self._per_request_seen = True
+            if spec.level == "summary":
+                notes.append(f"vLLM's per-request metrics are at the summary level: no per-step sequence to compare "
+                             f"verify step by verify step (start vLLM with {SERVE_FLAG})")
+            return ServerReply(output_ids=ids, completion_tokens=completion, notes=notes, raw=raw,
+                               **reply_counts(spec))
+        if before is None:
+            notes.append(f"the answer carries no metrics.speculative_decoding (start vLLM with {SERVE_FLAG}), and "
+                         f"counter deltas are not read (--vllm-metrics {self.metrics_source}): acceptance cannot be "
+                         "compared")
+            return ServerReply(output_ids=ids, completion_tokens=completion, notes=notes, raw=raw)
         delta = self.settled_counters().minus(before)
-        notes = []
-        if ids is None:
-            notes.append("the answer has neither choices[0].token_ids nor token-id logprobs: output tokens "
-                         "are not compared")
+        counts = delta_counts(delta)
         if delta.drafts is None or delta.accepted is None:
             notes.append(f"/metrics has no {VLLM_DRAFTS} / {VLLM_ACCEPTED}: acceptance cannot be compared")
-        as_int = lambda x: None if x is None else int(round(x))  # noqa: E731
-        return ServerReply(output_ids=ids, completion_tokens=completion, verify_count=as_int(delta.drafts),
-                           accepted_drafts=as_int(delta.accepted), draft_tokens=as_int(delta.draft_tokens),
-                           accepted_per_position=[int(round(x)) for x in delta.per_position] or None,
-                           notes=notes, raw={"counter_deltas": {"num_drafts": delta.drafts,
-                                                                "num_draft_tokens": delta.draft_tokens,
-                                                                "num_accepted_tokens": delta.accepted,
-                                                                "num_accepted_tokens_per_pos":
-                                                                    list(delta.per_position)}})
+            counts["source"] = None
+        elif spec is None:
+            notes.append(f"acceptance from counter deltas of the server-wide /metrics (the answers carry no "
+                         f"per-request metrics; start vLLM with {SERVE_FLAG} for them): valid only with no other "
+                         "traffic on the server")
+        raw["counter_deltas"] = {"num_drafts": delta.drafts, "num_draft_tokens": delta.draft_tokens,
+                                 "num_accepted_tokens": delta.accepted,
+                                 "num_accepted_tokens_per_pos": list(delta.per_position)}
+        if spec is not None and counts["source"] is not None:
+            differ = sources_differ(counts, spec)
+            raw["sources_differ"] = differ
+            if differ:
+                notes.append(f"counter deltas differ from the answer's own per-request metrics on {', '.join(differ)}: "
+                             "other traffic on the server while the request ran?")
+        return ServerReply(output_ids=ids, completion_tokens=completion, notes=notes, raw=raw, **counts)
