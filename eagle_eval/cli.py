@@ -323,6 +323,12 @@ def ablate_command(vary, cost_ratio, server_draft_ms, server_target_ms, topk_gri
 @click.option("--served-model-name", default=None, help="vLLM: the `model` field (default: first of /v1/models).")
 @click.option("--metrics-settle", type=float, default=0.2, show_default=True,
               help="vLLM: seconds between /metrics reads until two agree.")
+@click.option("--vllm-metrics", type=click.Choice(["auto", "per-request", "counters"]), default="auto",
+              show_default=True,
+              help="vLLM: where each request's acceptance is read. auto: the answer's per-request metrics when "
+                   "the server offers them (vllm serve --per-request-spec-decode-metrics detailed), else deltas "
+                   "of the server-wide /metrics counters (quiet server only); per-request: never counter deltas; "
+                   "counters: always counter deltas (compared with the per-request metrics when present).")
 @click.option("--sglang-log", default=None, help="SGLang server log covering this workload: compare its accept len.")
 @click.option("--hypotheses/--no-hypotheses", default=True, show_default=True,
               help="When acceptance disagrees, rank the usual wiring faults by how well each reproduces it.")

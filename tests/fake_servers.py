@@ -12,6 +12,11 @@ RunConfig (see test_server_check.py); the faults here change what goes over the 
 | `http_500` | /generate and /v1/completions answer HTTP 500 |
 | `malformed_json` | they answer 200 with a body that is not JSON |
 | `slow` | they answer after 3 s |
+| `per_step_reversed` | vLLM per-request metrics: per_step_accepted in reverse order (every total unchanged) |
+
+`Engine(..., per_request="summary" | "detailed")` makes the vLLM stand-in answer with per-request
+metrics under `metrics.speculative_decoding`, in the shape a real vLLM 0.32 answers
+(tests/data/vllm_0.32_completion_detailed.json holds one such real answer).
 """
 
 from __future__ import annotations
@@ -32,13 +37,15 @@ from eagle_eval.results.records import Prompt
 # capture hooks are per model), and a `slow` handler may still be running after its test has ended
 _DECODE_LOCK = threading.Lock()
 
-FAULTS = ("draft_tokens_info", "non_greedy", "no_verify_ct", "http_500", "malformed_json", "slow")
+FAULTS = ("draft_tokens_info", "non_greedy", "no_verify_ct", "http_500", "malformed_json", "slow", "per_step_reversed")
 
 
 class Engine:
-    def __init__(self, oracle, backend: str, fault: str | None = None, log_path=None, log_interval: int = 10):
+    def __init__(self, oracle, backend: str, fault: str | None = None, log_path=None, log_interval: int = 10,
+                 per_request: str | None = None):
         assert fault is None or fault in FAULTS, fault
-        self.oracle, self.backend, self.fault = oracle, backend, fault
+        assert per_request in (None, "summary", "detailed"), per_request
+        self.oracle, self.backend, self.fault, self.per_request = oracle, backend, fault, per_request
         self.num_steps = oracle.config.num_steps
         self.log_path, self.log_interval = log_path, log_interval
         self.window = [0, 0]                     # accepted tokens incl. bonus, verify steps
@@ -121,13 +128,30 @@ class Engine:
 
     def vllm_complete(self, body: dict) -> dict:
         assert body["temperature"] == 0 and isinstance(body["prompt"], list)
-        _, out = self.decode(body["prompt"], body["max_tokens"])
+        rec, out = self.decode(body["prompt"], body["max_tokens"])
         choice = {"index": 0, "text": "", "finish_reason": "length", "logprobs": None}
         if body.get("return_token_ids"):
             choice["token_ids"] = out
-        return {"id": "cmpl-x", "object": "text_completion", "model": body.get("model"), "choices": [choice],
-                "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(out),
-                          "total_tokens": len(body["prompt"]) + len(out)}}
+        answer = {"id": "cmpl-x", "object": "text_completion", "model": body.get("model"), "choices": [choice],
+                  "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(out),
+                            "total_tokens": len(body["prompt"]) + len(out)}, "metrics": None}
+        if self.per_request is not None:
+            answer["metrics"] = {"time_to_first_token_ms": None, "speculative_decoding": self._spec_metrics(rec)}
+        return answer
+
+    def _spec_metrics(self, rec) -> dict:
+        """vLLM's per-request metrics for one decode, with every verify step proposing num_steps drafts."""
+        c = AcceptanceCounts.from_accepted(rec.accepted_per_cycle, self.num_steps)
+        steps = list(rec.accepted_per_cycle)
+        if self.fault == "per_step_reversed":
+            steps.reverse()
+        spec = {"mean_acceptance_length": c.tau or 1.0, "acceptance_histogram": list(c.histogram),
+                "num_spec_steps": c.cycles, "num_accepted_draft_tokens": c.accepted_drafts,
+                "num_draft_tokens": c.cycles * self.num_steps, "num_spec_tokens": self.num_steps}
+        spec["draft_acceptance_rate"] = c.accepted_drafts / spec["num_draft_tokens"] if c.cycles else 0.0
+        if self.per_request == "detailed" and steps:
+            spec.update(per_step_accepted=steps, per_step_drafted=[self.num_steps] * len(steps))
+        return spec
 
 
 def _handler(engine: Engine):

@@ -56,3 +56,55 @@ def test_near_ties_pass_and_clear_token_differences_fail():
     for mode in ("exact", "tolerance"):
         judged = judge_requests(rows, mode, 0.05)
         assert judged["verdict"] == "disagree" and judged["tokens_differ"] == 1
+
+
+def _per_cycle_row(server_cycles, oracle_cycles=(3, 0, 2, 5, 1)):
+    """compare_request on one vLLM request whose server reports its accepted drafts per verify step."""
+    from eagle_eval.results.acceptance import AcceptanceCounts
+    from eagle_eval.results.records import SampleRecord
+    from eagle_eval.servers.compare import compare_request
+    from eagle_eval.servers.http import ServerReply
+
+    emitted = [n + 1 for n in oracle_cycles]
+    rec = SampleRecord(id="p0", category="x", prompt_len=4, output_ids=list(range(sum(emitted))),
+                       accepted_per_cycle=list(oracle_cycles), emitted_per_cycle=emitted,
+                       verify_count=len(oracle_cycles))
+    c = AcceptanceCounts.from_accepted(server_cycles, 5)
+    reply = ServerReply(output_ids=rec.output_ids, completion_tokens=len(rec.output_ids), verify_count=c.cycles,
+                        accepted_drafts=c.accepted_drafts, histogram=c.histogram, accepted_per_position=c.accepted,
+                        accepted_per_cycle=list(server_cycles), source="per-request metrics (detailed)")
+    return compare_request("vllm", rec, reply, None, 5, 0.1)
+
+
+def test_same_totals_in_another_order_of_verify_steps_is_not_exact():
+    same = _per_cycle_row([3, 0, 2, 5, 1])
+    assert same["counts_equal"] is True and same["first_differing_cycle"] is None and agreement(same) == "exact"
+    swapped = _per_cycle_row([3, 2, 0, 5, 1])       # every total, the histogram and per position unchanged
+    assert swapped["server"]["accepted_per_position"] == swapped["oracle"]["accepted_per_position"]
+    assert swapped["figure_difference"] == 0
+    assert swapped["first_differing_cycle"] == {"cycle": 1, "oracle": 0, "server": 2}
+    assert agreement(swapped) == "counts_differ"
+    judged = judge_requests([same, swapped], "exact", 0.05)
+    assert judged["verdict"] == "disagree" and judged["exact"] == 1 and judged["counts_differ"] == 1
+    assert "first differ at step 1 (0-based; 5 steps on the server, 5 in the oracle): 2 (server) vs 0 (oracle)" \
+        in judged["reasons"][0]
+    agg = aggregate("vllm", [same, swapped], 0.05)
+    assert agg["per_request"]["per_cycle_compared"] == 2 and agg["per_request"]["per_cycle_equal"] == 1
+    assert agg["sources"] == {"per-request metrics (detailed)": 2}
+
+
+def test_a_server_with_an_extra_verify_step_names_it():
+    row = _per_cycle_row([3, 0, 2, 5, 0, 1])
+    assert row["first_differing_cycle"] == {"cycle": 4, "oracle": 1, "server": 0}
+    longer = _per_cycle_row([3, 0, 2, 5, 1, 0])
+    assert longer["first_differing_cycle"] == {"cycle": 5, "oracle": None, "server": 0}
+    assert "0 (server) vs no such step (oracle)" in judge_requests([longer], "exact", 0.05)["reasons"][0]
+
+
+def test_without_the_sequence_only_totals_are_judged():
+    """What counter deltas and summary-level metrics can tell: the swapped order is invisible to them."""
+    from eagle_eval.servers.judge import counts_equal
+
+    row = _per_cycle_row([3, 2, 0, 5, 1])
+    assert counts_equal(row["oracle"], {**row["server"], "accepted_per_cycle": None}, 5) is True
+    assert counts_equal(row["oracle"], row["server"], 5) is False

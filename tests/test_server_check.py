@@ -16,7 +16,7 @@ from trained import AUX_HF, NEW_TOKENS, NUM_PROMPTS, NUM_STEPS, trained
 
 from eagle_eval import api
 from eagle_eval.cli import main
-from eagle_eval.config import RunConfig
+from eagle_eval.config import ConfigError, RunConfig
 from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
 from eagle_eval.servers.http import ServerError
 
@@ -121,6 +121,79 @@ def test_a_fault_no_hypothesis_models_is_not_explained(run_config, checker, serv
     assert hyp["explanation"] is None and hyp["tied"] == [] and len(hyp["nearest"]) == 3
     assert all(h["exact_requests"] * 2 <= hyp["requests"] for h in hyp["ranking"])
     assert "no hypothesis explains the server" in render_server_check(r)
+
+
+@pytest.mark.parametrize("level", ["detailed", "summary"])
+def test_vllm_per_request_metrics_are_read_from_each_answer(run_config, checker, server_oracle, level):
+    with serve(Engine(server_oracle(), "vllm", per_request=level)) as url:
+        result = _check(run_config, checker, url, "vllm")
+    r = result.report
+    assert result.exit_status == 0 and r["judgement"]["exact"] == NUM_PROMPTS
+    source = f"per-request metrics ({level})"
+    assert r["acceptance"]["sources"] == {source: NUM_PROMPTS}
+    assert all(row["server"]["source"] == source and "counter_deltas" not in row["server"]["reported"]
+               for row in r["requests"])
+    compared = r["acceptance"]["per_request"]["per_cycle_compared"]
+    text = render_server_check(r)
+    assert f"server counts from {source} ({NUM_PROMPTS}/{NUM_PROMPTS} requests)" in text
+    if level == "detailed":
+        assert compared == r["acceptance"]["per_request"]["per_cycle_equal"] == NUM_PROMPTS
+        assert all(row["server"]["accepted_per_cycle"] == row["oracle"]["accepted_per_cycle"]
+                   for row in r["requests"])
+        assert f"verify step by verify step on {NUM_PROMPTS} requests: {NUM_PROMPTS} equal" in text
+    else:
+        assert compared == 0 and any("summary level" in w for w in r["warnings"])
+
+
+def test_vllm_per_step_order_differs_with_equal_totals(run_config, checker, server_oracle):
+    """The stand-in reports each request's verify steps in reverse: every total and per-position count is
+    the oracle's, so only the per-cycle comparison can fail it; it must, naming the first cycle. (Both
+    sides run the aux_hf_plus_1 wiring: the trained head's faithful sequences are all 3s, the same reversed.)"""
+    wiring = replace(run_config, **WIRING_FAULTS["aux_hf_plus_1"])
+    oracle = server_oracle("aux_hf_plus_1")
+    with serve(Engine(oracle, "vllm", fault="per_step_reversed", per_request="detailed")) as url:
+        result = _check(wiring, oracle, url, "vllm", hypotheses=False)
+    r = result.report
+    assert result.exit_status == 1 and r["verdict"] == "disagree"
+    assert r["acceptance"]["relative_difference"] == 0 and r["acceptance"]["per_request"]["outside_tolerance"] == []
+    palindromes = sum(row["oracle"]["accepted_per_cycle"] == row["oracle"]["accepted_per_cycle"][::-1]
+                      for row in r["requests"])
+    assert r["judgement"]["counts_differ"] == NUM_PROMPTS - palindromes > 0
+    for row in r["requests"]:
+        o, s = row["oracle"], row["server"]
+        assert (s["verify_count"], s["accepted_drafts"], s["histogram"], s["accepted_per_position"]) == \
+            (o["verify_count"], o["accepted_drafts"], o["histogram"], o["accepted_per_position"])
+        d = row["first_differing_cycle"]
+        if row["counts_equal"] is False:
+            i = d["cycle"]
+            assert o["accepted_per_cycle"][:i] == s["accepted_per_cycle"][:i] and d["server"] != d["oracle"]
+            assert d["server"] == o["accepted_per_cycle"][-1 - i]
+    assert "accepted drafts per verify step first differ at step" in r["reasons"][0]
+
+
+def test_vllm_wiring_fault_named_with_per_cycle_counts(run_config, checker, server_oracle):
+    with serve(Engine(server_oracle("aux_hf_plus_1"), "vllm", per_request="detailed")) as url:
+        result = _check(run_config, checker, url, "vllm")
+    r = result.report
+    assert result.exit_status == 1 and r["judgement"]["counts_differ"] > 0
+    assert all(row["first_differing_cycle"] is not None for row in r["requests"] if row["counts_equal"] is False)
+    hyp = r["hypotheses"]
+    assert hyp["explanation"] == "aux_hf_plus_1" and hyp["ranking"][0]["exact_requests"] == NUM_PROMPTS
+
+
+def test_vllm_metrics_choice_needs_vllm():
+    with pytest.raises(ConfigError, match="--vllm-metrics needs --backend vllm"):
+        ServerCheckConfig(backend="sglang", url="http://127.0.0.1:1", vllm_metrics="counters")
+    with pytest.raises(ConfigError, match="--vllm-metrics must be one of auto, per-request, counters"):
+        ServerCheckConfig(backend="vllm", url="http://127.0.0.1:1", vllm_metrics="both")
+
+
+def test_cli_vllm_metrics_per_request_never_falls_back_to_counters(run_config, server_oracle):
+    with serve(Engine(server_oracle(), "vllm")) as url:          # answers without per-request metrics
+        result = _cli(run_config, "--backend", "vllm", "--url", url, "--vllm-metrics", "per-request")
+    assert result.exit_code == 3, result.output
+    assert "verdict: INCOMPLETE" in result.output and "--per-request-spec-decode-metrics detailed" in result.output
+    assert "counter deltas are not read (--vllm-metrics per-request)" in result.output
 
 
 def test_tolerance_mode_judges_the_per_request_interval(run_config, checker, server_oracle):

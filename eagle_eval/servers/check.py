@@ -33,6 +33,7 @@ from eagle_eval.servers.compare import (
     server_distribution,
 )
 from eagle_eval.servers.judge import MODES, judge_requests
+from eagle_eval.servers.vllm import METRICS_SOURCES
 
 EXIT_STATUS = {"agree": 0, "disagree": 1, "incomplete": 3, "undecided": 3}
 
@@ -48,6 +49,7 @@ class ServerCheckConfig:
     retries: int = 2                         # connection errors and 502/503/504 only
     served_model_name: str | None = None     # vLLM `model` field; None = the first of /v1/models
     metrics_settle: float = 0.2              # vLLM: seconds between /metrics reads until they agree
+    vllm_metrics: str = "auto"               # vLLM: auto | per-request | counters (servers/vllm.py)
     sglang_log: str | None = None
     hypotheses: bool = True                  # rank wiring faults when acceptance disagrees
     output_dir: str | None = None            # writes server_check.json
@@ -61,6 +63,10 @@ class ServerCheckConfig:
             raise ConfigError(f"--url must start with http:// or https://, got {self.url!r}")
         if self.sglang_log is not None and self.backend != "sglang":
             raise ConfigError("--sglang-log needs --backend sglang")
+        if self.vllm_metrics not in METRICS_SOURCES:
+            raise ConfigError(f"--vllm-metrics must be one of {', '.join(METRICS_SOURCES)}, got {self.vllm_metrics!r}")
+        if self.vllm_metrics != "auto" and self.backend != "vllm":
+            raise ConfigError("--vllm-metrics needs --backend vllm")
         if self.mode not in MODES:
             raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.tolerance < 0 or self.tie_margin < 0:
@@ -205,7 +211,7 @@ def _run_server_check(config: RunConfig, check: ServerCheckConfig, oracle, progr
     log_start = log_path.stat().st_size if log_path is not None and check.url else 0
     backend = check.backend
     client = (make_client(backend, check.url, check.timeout, check.retries, check.served_model_name,
-                          check.metrics_settle) if check.url else None)
+                          check.metrics_settle, check.vllm_metrics) if check.url else None)
     # before loading the target: a wrong --url fails in seconds
     settings, note = client.settings() if client is not None else (None, None)
     oracle = oracle or load_oracle(config)
@@ -268,6 +274,10 @@ def render_server_check(report: dict) -> str:
         lines.append(f"judged      {j['mode']} mode: {j['rule']}")
         lines.append(f"  exact {j['exact']}/{j['requests']}  near-tie {j['near_tie']}  same tokens other counts "
                      f"{j['counts_differ']}  other tokens {j['tokens_differ']}  not comparable {j['unknown']}")
+        per_cycle = (acc or {}).get("per_request", {})
+        if per_cycle.get("per_cycle_compared"):
+            lines.append(f"  accepted drafts compared verify step by verify step on {per_cycle['per_cycle_compared']} "
+                         f"requests: {per_cycle['per_cycle_equal']} equal")
         if j.get("interval"):
             iv = j["interval"]
             lines.append(f"  per-request relative difference {iv['mean']:+.2%}, 95% interval [{iv['low']:+.2%}, "
@@ -280,8 +290,11 @@ def render_server_check(report: dict) -> str:
         lines += [f"acceptance  {acc['figure']}: {acc['definition']}",
                   f"  oracle {_f(acc['oracle'])}  server {_f(acc['server'])}  relative difference "
                   f"{_f(acc['relative_difference'], '.1%')}  (tolerance {acc['tolerance']:.1%}, "
-                  f"{acc['requests_compared']} requests): {verdict[acc['within_tolerance']]}",
-                  f"  {'id':<12} {'oracle':>8} {'server':>8} {'verify o/s':>11}"]
+                  f"{acc['requests_compared']} requests): {verdict[acc['within_tolerance']]}"]
+        if acc["sources"]:
+            lines.append("  server counts from " + ", ".join(f"{src} ({n}/{acc['requests']} requests)"
+                                                             for src, n in acc["sources"].items()))
+        lines.append(f"  {'id':<12} {'oracle':>8} {'server':>8} {'verify o/s':>11}")
         for r in report["requests"]:
             lines.append(f"  {r['id']:<12} {_f(r['oracle']['figure']):>8} {_f(r['server']['figure']):>8} "
                          f"{r['oracle']['verify_count']:>5}/{str(r['server']['verify_count']):<5}"

@@ -7,6 +7,10 @@ rows merge exactly into the aggregate. The figure compared depends on what the s
 |---|---|---|---|
 | sglang | `spec_accept_length` | completion_tokens / spec_verify_ct | sum completion / sum verify |
 | vllm | `accept_length` (tau) | 1 + accepted drafts / drafts | 1 + sum accepted / sum drafts |
+
+In exact mode, when the server reports the accepted drafts of every verify step (vLLM's detailed
+per-request metrics), that sequence is compared with the oracle's cycle by cycle, and a request whose
+sequences differ names the first differing cycle (`first_differing_cycle`), even with equal totals.
 | sglang log | `accept len` (tau) | per log window | mean over windows |
 
 A request whose output tokens differ from the oracle's ran a different workload: it is reported
@@ -20,16 +24,18 @@ from pathlib import Path
 
 from eagle_eval.results.acceptance import AcceptanceCounts
 from eagle_eval.results.records import SampleRecord
-from eagle_eval.servers.judge import counts_equal
+from eagle_eval.servers.judge import counts_equal, first_differing_cycle
 
 FIGURES = {
     "sglang": ("spec_accept_length",
                "completion_tokens / spec_verify_ct (SGLang meta_info.spec_accept_length; counts the prefill "
                "token); aggregate = sum of completion_tokens / sum of spec_verify_ct over compared requests"),
     "vllm": ("accept_length",
-             "1 + accepted drafts / drafts (vLLM mean acceptance length, bonus counted), from the deltas of "
-             "vllm:spec_decode_num_drafts and ..._num_accepted_tokens around each request; aggregate from "
-             "the summed deltas"),
+             "1 + accepted drafts / drafts (vLLM mean acceptance length, bonus counted), from each answer's "
+             "metrics.speculative_decoding (num_spec_steps, num_accepted_draft_tokens) when the server offers "
+             "per-request metrics, else from the deltas of vllm:spec_decode_num_drafts and "
+             "..._num_accepted_tokens around each request (see each request's server.source); aggregate from "
+             "the summed counts"),
 }
 
 
@@ -81,15 +87,19 @@ def compare_request(backend: str, rec: SampleRecord, reply, divergence: dict | N
         "divergence": divergence,
         "oracle": {"output_tokens": len(rec.output_ids), "verify_count": rec.verify_count,
                    "accepted_drafts": counts.accepted_drafts, "histogram": counts.histogram,
-                   "accepted_per_position": counts.accepted, "figure": o[0] / o[1] if o else None},
+                   "accepted_per_position": counts.accepted, "accepted_per_cycle": list(rec.accepted_per_cycle),
+                   "figure": o[0] / o[1] if o else None},
         "server": {"output_tokens": reply.completion_tokens, "verify_count": reply.verify_count,
                    "accepted_drafts": reply.accepted_drafts, "histogram": reply.histogram,
-                   "accepted_per_position": reply.accepted_per_position, "figure": s[0] / s[1] if s else None,
-                   "reported": reply.raw},
+                   "accepted_per_position": reply.accepted_per_position,
+                   "accepted_per_cycle": reply.accepted_per_cycle, "source": reply.source,
+                   "figure": s[0] / s[1] if s else None, "reported": reply.raw},
         "comparable": tokens in ("equal", "unknown") and s is not None and o is not None,
         "notes": list(reply.notes),
     }
     row["counts_equal"] = counts_equal(row["oracle"], row["server"], num_steps) if row["comparable"] else None
+    if row["comparable"] and reply.accepted_per_cycle is not None:
+        row["first_differing_cycle"] = first_differing_cycle(rec.accepted_per_cycle, reply.accepted_per_cycle)
     if row["server"]["figure"] is not None and row["oracle"]["figure"] is not None:
         row["figure_difference"] = row["server"]["figure"] - row["oracle"]["figure"]
     return row
@@ -124,7 +134,13 @@ def aggregate(backend: str, rows: list[dict], tolerance: float) -> dict:
         "per_request": {"mean_abs_difference": sum(diffs) / len(diffs) if diffs else None,
                         "max_abs_difference": max(diffs) if diffs else None,
                         "outside_tolerance": outside,
-                        "counts_equal": sum(1 for r in used if r["counts_equal"])},
+                        "counts_equal": sum(1 for r in used if r["counts_equal"]),
+                        "per_cycle_compared": sum(1 for r in used if "first_differing_cycle" in r),
+                        "per_cycle_equal": sum(1 for r in used if "first_differing_cycle" in r
+                                               and r["first_differing_cycle"] is None)},
+        # where the server's counts came from (vLLM: per-request metrics or counter deltas), when named
+        "sources": {src: sum(1 for r in rows if r["server"].get("source") == src)
+                    for src in dict.fromkeys(r["server"].get("source") for r in rows) if src is not None},
     }
 
 

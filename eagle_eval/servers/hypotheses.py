@@ -152,7 +152,8 @@ def _score(variant, prompts: list, rows: dict, backend: str, num_steps: int, tol
         rel.append((server["figure"] - per_request[p.id]) / per_request[p.id])
         counts = AcceptanceCounts.from_accepted(rec.accepted_per_cycle, max(num_steps, variant.config.num_steps))
         mine = {"verify_count": rec.verify_count, "accepted_drafts": counts.accepted_drafts,
-                "histogram": counts.histogram, "accepted_per_position": counts.accepted}
+                "histogram": counts.histogram, "accepted_per_position": counts.accepted,
+                "accepted_per_cycle": rec.accepted_per_cycle}
         exact += bool(counts_equal(mine, server, num_steps))
     interval = paired_interval(rel)
     return {"aggregate": num / den if den else None,

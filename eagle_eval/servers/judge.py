@@ -7,9 +7,9 @@ Contract: two modes, named in every report.
 
   | agreement | meaning | fails the check |
   |---|---|---|
-  | `exact` | same output tokens and the same counts (verify steps, accepted drafts, histogram / per position, where the server reports them) | no |
+  | `exact` | same output tokens and the same counts (verify steps, accepted drafts, histogram / per position, and the accepted drafts of every verify step in order, where the server reports them) | no |
   | `near_tie` | the outputs part at a token whose target logit margin is under `--tie-margin`: numerics | no |
-  | `counts_differ` | same tokens, other counts: the server drafted differently (wiring) | yes |
+  | `counts_differ` | same tokens, other counts (or the same totals in another order of verify steps): the server drafted differently (wiring) | yes |
   | `tokens_differ` | other tokens at a clear margin: not greedy, or verification is wrong | yes |
   | `unknown` | the server did not report the tokens or the counts | incomplete |
 
@@ -32,17 +32,42 @@ def _padded(seq, n: int) -> list[int]:
     return list(seq) + [0] * (n - len(seq))
 
 
+def first_differing_cycle(oracle: list[int], server: list[int]) -> dict | None:
+    """The first verify step (0-based) whose accepted drafts differ; None when the sequences are equal.
+
+    A sequence that ends first has None there.
+
+    >>> first_differing_cycle([3, 1, 2], [3, 2, 1]), first_differing_cycle([3, 1], [3, 1, 0])
+    ({'cycle': 1, 'oracle': 1, 'server': 2}, {'cycle': 2, 'oracle': None, 'server': 0})
+    >>> first_differing_cycle([3, 1], [3, 1]) is None
+    True
+    """
+    for i in range(max(len(oracle), len(server))):
+        a = oracle[i] if i < len(oracle) else None
+        b = server[i] if i < len(server) else None
+        if a != b:
+            return {"cycle": i, "oracle": a, "server": b}
+    return None
+
+
 def counts_equal(oracle: dict, server: dict, num_steps: int) -> bool | None:
     """Whether the server's reported counts equal the oracle's (None: the server reported none).
 
-    Each side: {"verify_count", "accepted_drafts", "histogram", "accepted_per_position"}; a count the
-    server does not report (None) is not compared.
+    Each side: {"verify_count", "accepted_drafts", "histogram", "accepted_per_position"} and optionally
+    "accepted_per_cycle" (the accepted drafts of each verify step, in order); a count the server does
+    not report (None or absent) is not compared. The per-cycle sequence is the strongest: equal totals
+    in another order are a difference.
 
     >>> o = {"verify_count": 4, "accepted_drafts": 7, "histogram": [0, 1, 2, 1], "accepted_per_position": [4, 2, 1]}
     >>> counts_equal(o, {**o, "histogram": [0, 1, 2, 1, 0]}, 3), counts_equal(o, {**o, "accepted_drafts": 6}, 3)
     (True, False)
+    >>> o["accepted_per_cycle"] = [1, 2, 2, 3]
+    >>> counts_equal(o, {**o, "accepted_per_cycle": [2, 1, 2, 3]}, 3), counts_equal(o, {**o}, 3)
+    (False, True)
     """
     checks = []
+    if server.get("accepted_per_cycle") is not None:
+        checks.append(first_differing_cycle(oracle["accepted_per_cycle"], server["accepted_per_cycle"]) is None)
     if server.get("verify_count") is not None:
         checks.append(server["verify_count"] == oracle["verify_count"])
     if server.get("accepted_drafts") is not None:
@@ -166,6 +191,12 @@ def describe_counts(row: dict) -> str:
     """'verify steps 20 vs 17, accepted drafts 44 vs 51, ...' (server vs oracle) for the counts that differ."""
     o, s = row["oracle"], row["server"]
     parts = []
+    if s.get("accepted_per_cycle") is not None:
+        d = first_differing_cycle(o["accepted_per_cycle"], s["accepted_per_cycle"])
+        if d is not None:
+            parts.append(f"accepted drafts per verify step first differ at step {d['cycle']} (0-based; "
+                         f"{len(s['accepted_per_cycle'])} steps on the server, {len(o['accepted_per_cycle'])} in "
+                         f"the oracle): {_step(d['server'])} (server) vs {_step(d['oracle'])} (oracle)")
     for key, name in (("verify_count", "verify steps"), ("accepted_drafts", "accepted drafts"),
                       ("accepted_per_position", "accepted per position"), ("histogram", "histogram")):
         a, b = s.get(key), o[key]
@@ -175,3 +206,7 @@ def describe_counts(row: dict) -> str:
         if a is not None and a != b:
             parts.append(f"{name} {a} (server) vs {b} (oracle)")
     return ", ".join(parts) or "counts differ"
+
+
+def _step(accepted: int | None) -> str:
+    return "no such step" if accepted is None else str(accepted)
