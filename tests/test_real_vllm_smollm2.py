@@ -5,7 +5,8 @@ The head's config carries both id keys (nested SGLang-style [1, 14, 26], top-lev
 so vLLM taps the trained HF[2, 15, 27]; its weights are bf16 and both sides upcast them to fp32 (exact).
 The oracle renders the MT-Bench-format rows with the tokenizer's chat template and sends vLLM the token
 ids, so both see the same prompt. Wired the same way, every request must have the oracle's tokens and
-counts (verify steps, accepted drafts, accepted per draft position).
+counts (verify steps, accepted drafts, accepted per draft position, and, from vLLM's per-request metrics,
+the accepted drafts of every verify step in order).
 
 Numerics: the smallest target logit margin (top-1 minus top-2) on the greedy path of these 8 prompts x 32
 tokens is 0.0034 (prompt 1005; 0.0024 over all 24 prompts x 64 tokens), and vLLM reproduced every one of
@@ -25,6 +26,7 @@ from smollm2_target import smollm2_target_or_skip
 from eagle_eval import api
 from eagle_eval.config import RunConfig
 from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
+from eagle_eval.servers.vllm import SOURCE_DETAILED
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.smollm2, pytest.mark.slow]
 
@@ -71,6 +73,7 @@ def test_smollm2_pair_is_exact_request_by_request(real_vllm_servers, target, run
         assert s["output_tokens"] == o["output_tokens"]
         assert (s["verify_count"], s["accepted_drafts"]) == (o["verify_count"], o["accepted_drafts"]), row["id"]
         assert s["accepted_per_position"] == o["accepted_per_position"], row["id"]
+        assert s["source"] == SOURCE_DETAILED and s["accepted_per_cycle"] == o["accepted_per_cycle"], row["id"]
     # the counts compared are not trivial: drafts are accepted, at several depths
     per_pos = [sum(row["server"]["accepted_per_position"][k] for row in r["requests"]) for k in range(NUM_STEPS)]
     assert per_pos[0] > 0 and per_pos[2] > 0, per_pos
