@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
