@@ -41,9 +41,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))     # quant_fixtures: the FP8 format
 
 import bench_gpu  # noqa: E402
 from bench_gpu import bench_loop, sync, timed  # noqa: E402
+from quant_fixtures import fp8_block_quantize  # noqa: E402
 
 from eagle_eval.api import Oracle  # noqa: E402
 from eagle_eval.models.head_io import vocab_map_from_used  # noqa: E402
@@ -89,18 +91,6 @@ def build(tiny: bool, layers: int, device: str, dtype):
     return model, head.to(device=device, dtype=dtype).eval()
 
 
-def quantize_blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] -> (float8_e4m3fn [N, K], float32 scale_inv [ceil(N/bn), ceil(K/bk)]), W ~ fp8 * scale_inv."""
-    (n, k), (bn, bk) = w.shape, block
-    sn, sk = -(-n // bn), -(-k // bk)
-    padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32, device=w.device)
-    padded[:n, :k] = w
-    blocks = padded.view(sn, bn, sk, bk)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max
-    q = (blocks / scale[:, None, :, None]).view(sn * bn, sk * bk)[:n, :k].to(torch.float8_e4m3fn)
-    return q, scale
-
-
 def fp8_copy(model, block: tuple[int, int] = (128, 128), dtype=None):
     """`model`'s weights as a block-FP8 target held in FP8 (see the module docstring); `dtype` (default
     the model's) for every other parameter and for the compute."""
@@ -132,7 +122,7 @@ def fp8_copy(model, block: tuple[int, int] = (128, 128), dtype=None):
                 we = w if e is None else w[e]
                 # a fused gate_up_proj is the checkpoint's gate_proj over its up_proj, quantized apart
                 halves = we.chunk(2) if name.endswith("gate_up_proj") else [we]
-                q, s = (torch.cat(t) for t in zip(*(quantize_blocks(h, block) for h in halves)))
+                q, s = (torch.cat(t) for t in zip(*(fp8_block_quantize(h, block) for h in halves)))
                 (tensor if e is None else tensor[e]).copy_(q)
                 (scale if e is None else scale[e]).copy_(s)
     return fp8

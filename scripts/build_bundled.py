@@ -103,6 +103,8 @@ class HeadSpec:
     batch_size: int = 16
     lr: float = 5e-3
     init_from_target: bool = True  # lm_head rows and final norm start as the target's
+    rope_theta: float = 10000.0    # the head's RoPE base
+    init_seed: int = SEED_HEAD_INIT  # torch seed of the head's initial weights
 
 
 @dataclass(frozen=True)
@@ -313,10 +315,10 @@ def build_head(target, used: torch.Tensor, spec: HeadSpec):
     cfg = HeadConfig(
         hidden_size=tc.hidden_size, num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads, head_dim=spec.head_dim,
-        intermediate_size=spec.intermediate_size, rms_norm_eps=tc.rms_norm_eps, rope_theta=10000.0,
+        intermediate_size=spec.intermediate_size, rms_norm_eps=tc.rms_norm_eps, rope_theta=spec.rope_theta,
         max_position_embeddings=tc.max_position_embeddings, vocab_size=tc.vocab_size,
         draft_vocab_size=used.numel(), target_hidden_size=tc.hidden_size)
-    torch.manual_seed(SEED_HEAD_INIT)
+    torch.manual_seed(spec.init_seed)
     head = Eagle3Head(cfg)
     d2t, t2d = vocab_map_from_used(used, tc.vocab_size)
     head.d2t.copy_(d2t)

@@ -124,29 +124,6 @@ def write_eval_prompts(evals: list[instr.Instruction]) -> None:
 
 
 # -- phases 4-5: the head ------------------------------------------------------------------------
-def build_head(target, used: torch.Tensor, recipe: Recipe):
-    """An Eagle3Head shaped for the target; lm_head rows and final norm copied from the target."""
-    from eagle_eval.models.head_io import vocab_map_from_used
-    from eagle_eval.models.heads import Eagle3Head, HeadConfig
-
-    tc = target.config
-    cfg = HeadConfig(
-        hidden_size=tc.hidden_size, num_attention_heads=recipe.num_attention_heads,
-        num_key_value_heads=recipe.num_key_value_heads, head_dim=recipe.head_dim,
-        intermediate_size=recipe.intermediate_size, rms_norm_eps=tc.rms_norm_eps, rope_theta=recipe.rope_theta,
-        max_position_embeddings=tc.max_position_embeddings, vocab_size=tc.vocab_size,
-        draft_vocab_size=used.numel(), target_hidden_size=tc.hidden_size)
-    torch.manual_seed(SEED_HEAD_INIT)
-    head = Eagle3Head(cfg)
-    d2t, t2d = vocab_map_from_used(used, tc.vocab_size)
-    head.d2t.copy_(d2t)
-    head.t2d.copy_(t2d)
-    with torch.no_grad():
-        head.lm_head.weight.copy_(target.lm_head.weight[used])
-        head.norm.weight.copy_(target.model.norm.weight)
-    return head
-
-
 def round_to_bf16(head) -> None:
     """Round every float parameter to bf16 in place (kept as fp32): the weights as saved and loaded."""
     with torch.no_grad():
@@ -221,10 +198,11 @@ def main(argv=None) -> None:
                      "answer_tokens": int(d.ids.numel() - d.prompt_len.sum())} for name, d in data.items()}
     del data
     used = bb.draft_vocab(train_batches, model.config.vocab_size, recipe.draft_vocab_size)
-    head = build_head(model, used, recipe)
     spec = bb.HeadSpec(intermediate_size=recipe.intermediate_size, num_attention_heads=recipe.num_attention_heads,
                        num_key_value_heads=recipe.num_key_value_heads, head_dim=recipe.head_dim,
-                       ttt_steps=recipe.ttt_steps, ttt_decay=recipe.ttt_decay, steps=recipe.steps, lr=recipe.lr)
+                       ttt_steps=recipe.ttt_steps, ttt_decay=recipe.ttt_decay, steps=recipe.steps, lr=recipe.lr,
+                       rope_theta=recipe.rope_theta, init_seed=SEED_HEAD_INIT)
+    head = bb.build_head(model, used, spec)    # lm_head rows and the final norm start as the target's
     log(f"training: {len(train_batches)} batches, {sum(int((b.labels >= 0).sum()) for b in train_batches)} "
         f"labelled pairs; draft vocab {used.numel()}; data {tokens}")
     bb.train_head(head, model, train_batches, AUX_HF, spec, "smollm2-eagle3")

@@ -50,7 +50,11 @@ def make_target(path: Path, family: str = "llama", num_layers: int = 8, hidden: 
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return save_with_tokenizer(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), path)
+
+
+def save_with_tokenizer(model, path: Path) -> Path:
+    """Save `model` and the tiny test tokenizer to `path` (a target folder)."""
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     make_tokenizer().save_pretrained(path)

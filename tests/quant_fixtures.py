@@ -30,7 +30,7 @@ def fp8_block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.T
     """w [N, K] -> (fp8 [N, K], scale_inv [ceil(N/bn), ceil(K/bk)]) with amax/448 per block."""
     (n, k), (bn, bk) = w.shape, block
     sn, sk = -(-n // bn), -(-k // bk)
-    padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32)
+    padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32, device=w.device)
     padded[:n, :k] = w
     blocks = padded.view(sn, bn, sk, bk)
     scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max

@@ -17,28 +17,19 @@ Use it from a test module with `from real_vllm import real_vllm_servers  # noqa:
 tests `@pytest.mark.real_vllm`.
 """
 import contextlib
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from scripts_by_path import REPO, load_script  # noqa: F401  (REPO re-exported to the test modules)
 
-REPO = Path(__file__).resolve().parents[1]
 SKIP_ENV = "EAGLE_EVAL_SKIP_REAL_VLLM"
 PER_REQUEST_ARGS = ("--per-request-spec-decode-metrics", "detailed")
 
 
 def load_vllm_cpu():
-    """scripts/ is not a package: load scripts/vllm_cpu.py by path (once)."""
-    if "vllm_cpu" in sys.modules:
-        return sys.modules["vllm_cpu"]
-    spec = importlib.util.spec_from_file_location("vllm_cpu", REPO / "scripts" / "vllm_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_cpu"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("vllm_cpu")
 
 
 class ServerPool:

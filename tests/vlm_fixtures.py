@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from fixtures import VOCAB, make_tokenizer
+from fixtures import VOCAB, save_with_tokenizer
 
 REMOTE_CODE = Path(__file__).parent / "kimi_remote"
 TINY_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -81,11 +81,7 @@ def make_gemma3(path: Path, sliding_window: int, num_layers: int = 8, seed: int 
     cfg = AutoConfig.for_model("gemma3", text_config=text, tie_word_embeddings=False, mm_tokens_per_image=4,
                                vision_config=dict(model_type="siglip_vision_model", **TINY_VISION))
     torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
-    return path
+    return save_with_tokenizer(AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32), path)
 
 
 def make_kimi_style(text_path: Path, path: Path) -> Path:
@@ -112,8 +108,7 @@ def make_kimi_style(text_path: Path, path: Path) -> Path:
 
 
 def _save(model, path: Path, text_path: Path) -> Path:
-    model.save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
+    save_with_tokenizer(model, path)
     gen = text_path / "generation_config.json"
     if gen.is_file():
         shutil.copy(gen, path / gen.name)

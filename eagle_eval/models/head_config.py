@@ -154,7 +154,7 @@ def _flag(top: dict, eagle_cfg: dict, key: str, where: Path) -> bool:
 # ships Kimi-K2 heads so (configs/kimi-k2-eagle3.json: model_type kimi_k2). SGLang and vLLM pick the draft
 # layer by `architectures` (llama_eagle3.py in both); the model_type only picks the config class (vLLM maps
 # kimi_k2 to DeepseekV3Config, vllm/transformers_utils/config.py). Loaded as Llama, with a warning.
-DEEPSEEK_CONFIG_TYPES = ("kimi_k2", "deepseek_v3", "deepseek_v2")
+DEEPSEEK_CONFIG_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 
 
 def model_type_note(config: dict, dialect: str, config_file: Path) -> list[str]:

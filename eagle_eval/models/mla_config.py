@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle_eval.models.head_config import CheckpointError, HeadConfig, MLASettings, _flag, _need
+from eagle_eval.models.head_config import DEEPSEEK_CONFIG_TYPES, CheckpointError, HeadConfig, MLASettings, _flag, _need
 
 MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 # kimi_k2: NVIDIA ModelOpt's Kimi-K2 MLA export writes it (modelopt/torch/export/plugins/hf_spec_export.py,
 # export_spec_ckpt_config); vLLM maps it to DeepseekV3Config (vllm/transformers_utils/config.py, 0.32)
-MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", None)
+MLA_MODEL_TYPES = (*DEEPSEEK_CONFIG_TYPES, None)
 _YARN = ("yarn", "deepseek_yarn")
 
 MLA_CONSUMED = {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",

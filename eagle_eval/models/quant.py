@@ -96,11 +96,16 @@ def describe(info: dict) -> str:
             f"left unquantized: {left}")
 
 
+def checkpoint_quantization_config(folder: Path) -> dict | None:
+    """config.json's `quantization_config` (a multimodal wrapper's under `text_config`), or None."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+
+
 def quantization_info(model, folder: Path, fp8_matmul: dict | None = None) -> dict | None:
     """The resolved quantization of a loaded target (see the module contract), or None. `fp8_matmul` is
     models/fp8_matmul.resolve_fp8_matmul's answer for a target that holds FP8 modules."""
-    config = json.loads((Path(folder) / "config.json").read_text())
-    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    qc = checkpoint_quantization_config(folder)
     if not qc:
         return None
     quantized, unquantized = checkpoint_modules(Path(folder))
@@ -132,8 +137,7 @@ def partial_fp8_blocks(folder: Path) -> list[str]:
     wrong when the last block is partial: it raises for some shapes and silently mis-scales others."""
     from safetensors import safe_open
 
-    config = json.loads((Path(folder) / "config.json").read_text())
-    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    qc = checkpoint_quantization_config(folder) or {}
     block = qc.get("weight_block_size")
     if qc.get("quant_method") != "fp8" or not block:
         return []
