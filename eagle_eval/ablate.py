@@ -172,11 +172,9 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
 
 
 def _write_ablation(folder, result: dict) -> None:
-    folder.note("ablation.csv")
-    write_rows_csv(folder.file("ablation.csv"), result["rows"])
+    folder.write_with("ablation.csv", lambda path: write_rows_csv(path, result["rows"]))
     try:
-        folder.note("ablation.png")
-        plot_ablation(folder.file("ablation.png"), result["rows"])
+        folder.write_with("ablation.png", lambda path: plot_ablation(path, result["rows"]))
     except ConfigError as exc:          # matplotlib is an optional extra
         result["warnings"] = [f"ablation.png not written: {exc}"]
     folder.write_json("ablation.json", result)

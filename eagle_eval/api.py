@@ -68,7 +68,6 @@ def _evaluate(config: RunConfig, folder, progress: bool) -> RunResult:
                           oracle.warnings + workload.warnings, sample_prompt=workload.sample_prompt)
     if folder is not None:
         folder.write_json("report.json", report)
-        write_csv(folder.file("acceptance.csv"), [(None, report)])
-        folder.note("acceptance.csv")
+        folder.write_with("acceptance.csv", lambda path: write_csv(path, [(None, report)]))
         folder.finish()
     return RunResult(report=report, samples=samples)

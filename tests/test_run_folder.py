@@ -186,3 +186,96 @@ def test_fingerprints_follow_contents_not_spelling(tmp_path):
     assert rf.fingerprint(tmp_path / "a") == rf.fingerprint(str(tmp_path / "b") + "/")
     (tmp_path / "b" / "w.bin").write_bytes(b"y" * 100)
     assert rf.fingerprint(tmp_path / "a") != rf.fingerprint(tmp_path / "b")
+
+
+# --overwrite deletes only what eagle-eval wrote: planted and edited owner files (issue: trustworthy in careless hands)
+
+def _planted(tmp_path, files: dict) -> Path:
+    """A folder whose owner file (copied from elsewhere or edited) lists `files`."""
+    out = tmp_path / "out"
+    out.mkdir()
+    owner = {"schema_version": rf.OWNER_SCHEMA, "command": "run", "status": "finished", "config": {}, "inputs": {},
+             "files": files}
+    (out / rf.OWNER_FILE).write_text(json.dumps(owner))
+    return out
+
+
+def _fp(path: Path) -> dict:
+    data = path.read_bytes()
+    import hashlib
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _overwrite(out: Path, tmp_path: Path):
+    return _invoke(RUN + ["--output-dir", str(out), "--overwrite"])
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute_file", "absolute_dir"])
+def test_overwrite_never_removes_a_listed_path_outside_the_folder(tmp_path, how):
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    victim = victim_dir / "precious.txt"
+    victim.write_text("not eagle-eval's")
+    name = {"relative": "../victim/precious.txt", "absolute_file": str(victim), "absolute_dir": str(victim_dir)}[how]
+    out = _planted(tmp_path, {name: _fp(victim)})       # even with the right fingerprint
+    line = _error(_overwrite(out, tmp_path))
+    assert "nothing removed" in line and name in line
+    assert victim.read_text() == "not eagle-eval's" and (out / rf.OWNER_FILE).is_file()
+
+
+def test_overwrite_never_follows_a_listed_symlink_out(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("not eagle-eval's")
+    out = _planted(tmp_path, {"report.json": _fp(victim)})
+    (out / "report.json").symlink_to(victim)
+    line = _error(_overwrite(out, tmp_path))
+    assert "report.json (a symbolic link)" in line
+    assert victim.read_text() == "not eagle-eval's" and (out / "report.json").is_symlink()
+
+
+def test_overwrite_leaves_a_file_changed_since_it_was_written(tmp_path, finished_run):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    (out / "report.json").write_text((out / "report.json").read_text().replace("accept_length", "my_notes"))
+    before = _snapshot(out)
+    line = _error(_overwrite(out, tmp_path))
+    assert "report.json (changed since eagle-eval wrote it)" in line
+    assert _snapshot(out) == before                     # nothing removed, not even the unchanged files
+
+
+def test_overwrite_leaves_files_an_owner_lists_without_fingerprints(tmp_path, finished_run):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    owner = json.loads((out / rf.OWNER_FILE).read_text())
+    owner["files"] = list(owner["files"])               # an older owner file: names only
+    (out / rf.OWNER_FILE).write_text(json.dumps(owner))
+    before = _snapshot(out)
+    assert "without a fingerprint" in _error(_overwrite(out, tmp_path))
+    assert _snapshot(out) == before
+
+
+def test_overwrite_never_removes_a_listed_folder_or_the_lock(tmp_path):
+    out = _planted(tmp_path, {"sub": {"sha256": "0" * 64, "size": 0}, rf.LOCK_FILE: _fp(Path(os.devnull))})
+    (out / "sub").mkdir()
+    (out / "sub" / "keep.txt").write_text("x")
+    line = _error(_overwrite(out, tmp_path))
+    assert "sub (not a regular file)" in line and (out / "sub" / "keep.txt").is_file()
+
+
+def test_owner_fingerprints_follow_every_write_and_a_crash_row_is_accepted(tmp_path):
+    out = tmp_path / "out"
+    with rf.open_run_folder(out, "run", {"x": 1}, {}) as f:
+        f.append_row("samples.jsonl", {"id": 0})
+        f.append_row("samples.jsonl", {"id": 1})
+        f.write_json("report.json", {"k": 1})
+        f.write_with("a.csv", lambda p: p.write_text("a,b\n"))
+        f.finish()
+    owner = json.loads((out / rf.OWNER_FILE).read_text())
+    assert {n: _fp(out / n) for n in ("samples.jsonl", "report.json", "a.csv")} == owner["files"]
+    # kill -9 between an append and the owner file's update: one whole row more than recorded
+    with open(out / "samples.jsonl", "a") as fh:
+        fh.write(json.dumps({"id": 2}) + "\n")
+    assert rf._removable(out, "samples.jsonl", owner["files"]["samples.jsonl"]) is None
+    with open(out / "samples.jsonl", "a") as fh:
+        fh.write("{not json\n")
+    assert rf._removable(out, "samples.jsonl", owner["files"]["samples.jsonl"]) == "changed since eagle-eval wrote it"

@@ -7,10 +7,15 @@ command, its configuration and the sha256 of every input's contents (files, or e
 never the inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
 were replaced in place is refused and the same folder spelled with a trailing slash is accepted.
 A folder owned by another command or configuration is refused without touching a byte of it, unless
-resuming (same owner, same fingerprints) or `overwrite` (the old run's files are removed first; files
-eagle-eval did not write are never removed). Whole files go through `write_atomic` (temporary file,
-then rename, with the permissions an ordinary file would get); rows through `append_row` (flushed).
-This module knows nothing about models; torch is not imported.
+resuming (same owner, same fingerprints) or `overwrite` (the old run's files are removed first).
+The owner file lists every file the run wrote with the sha256 and size of what it wrote; `--overwrite`
+removes a listed entry only when it is a plain name inside the folder, a regular file (no link), and
+still holds those bytes (`_removable`). Anything else (a name that climbs out or is absolute, a link, a
+folder, a file changed since, an entry of an older owner file with no fingerprint) makes the overwrite
+refuse with the entries named, before anything is removed. Whole files go through `write_atomic`
+(temporary file, then rename, with the permissions an ordinary file would get); rows through
+`append_row` (flushed, the fingerprint carried forward). This module knows nothing about models;
+torch is not imported.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +33,8 @@ from eagle_eval.errors import UserError
 
 OWNER_FILE = "eagle_eval_run.json"
 LOCK_FILE = ".eagle-eval.lock"
-# names older eagle-eval versions wrote: such a folder may be overwritten, but not resumed
+OWNER_SCHEMA = 2              # 2: "files" maps each name to the sha256 and size of what was written
+# names older eagle-eval versions wrote: such a folder is recognised as eagle-eval's (never resumed)
 KNOWN_FILES = frozenset({"report.json", "samples.jsonl", "run_config.json", "acceptance.csv", "profile.json",
                          "ablation.json", "ablation.csv", "ablation.png", "diagnosis.json", "server_check.json"})
 _CHUNK = 16 << 20
@@ -117,29 +123,48 @@ class RunFolder:
 
     def __init__(self, path: Path, lock_fd: int, owner: dict):
         self.path, self._lock_fd, self.owner = path, lock_fd, owner
+        self._appending: dict[str, object] = {}      # name -> running sha256 of an appended file
 
     def file(self, name: str) -> Path:
         return self.path / name
 
     def write_json(self, name: str, obj) -> None:
-        self._note(name)
-        write_json_atomic(self.path / name, obj)
+        self.write_text(name, json.dumps(obj, indent=2) + "\n")
 
-    def write_text(self, name: str, text: str) -> None:
-        self._note(name)
+    def write_text(self, name: str, text: str | bytes) -> None:
+        self._appending.pop(name, None)
         write_atomic(self.path / name, text)
+        self._record(name, _content_fingerprint(text.encode() if isinstance(text, str) else text))
+
+    def write_with(self, name: str, writer) -> None:
+        """A file made by another writer (a CSV, a plot): `writer(path)` writes a temporary file in the
+        folder, which is then renamed into place and fingerprinted as this run's."""
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}-", suffix=".tmp")
+        os.close(fd)
+        try:
+            writer(Path(tmp))
+            os.chmod(tmp, _file_mode())
+            os.replace(tmp, self.path / name)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        self._appending.pop(name, None)
+        self._record(name, _file_fingerprint(self.path / name))
 
     def append_row(self, name: str, row: dict) -> None:
-        """Append one JSONL row and flush it, so an interrupted run keeps every finished row."""
-        self._note(name)
-        with open(self.path / name, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        """Append one JSONL row and flush it, so an interrupted run keeps every finished row; the owner
+        file then records the longer file's fingerprint (a crash in between leaves one unrecorded row,
+        which `_removable` accepts)."""
+        line = (json.dumps(row) + "\n").encode()
+        if name not in self._appending:
+            self._appending[name] = _running_hash(self.path / name, self.owner["files"].get(name))
+        h = self._appending[name]
+        with open(self.path / name, "ab") as f:
+            f.write(line)
             f.flush()
             os.fsync(f.fileno())
-
-    def note(self, name: str) -> None:
-        """A file written into the folder by another writer (a CSV, a plot): it belongs to this run."""
-        self._note(name)
+        h.update(line)
+        size = (self.owner["files"].get(name) or {}).get("size", 0) + len(line)
+        self._record(name, {"sha256": h.hexdigest(), "size": size})
 
     def record_workload(self, digests: dict[str, str], resume: bool) -> None:
         """{prompt id: sha256 of its token ids}: known only after loading; on resume every id already
@@ -169,34 +194,110 @@ class RunFolder:
     def __exit__(self, *exc):
         self.close()
 
-    def _note(self, name: str) -> None:
-        if name not in self.owner["files"]:
-            self.owner["files"].append(name)
-            self._save()
+    def _record(self, name: str, fp: dict) -> None:
+        self.owner["files"][name] = fp
+        self._save()
 
     def _save(self) -> None:
         write_json_atomic(self.path / OWNER_FILE, self.owner)
 
 
+def _content_fingerprint(data: bytes) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _file_fingerprint(path: Path) -> dict:
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return {"sha256": h.hexdigest(), "size": size}
+
+
+def _running_hash(path: Path, recorded: dict | None):
+    """sha256 object over a file's current bytes, to carry forward while rows are appended. The file
+    must hold what the owner recorded (resume rewrites it first): anything else is not this run's."""
+    h = hashlib.sha256()
+    if path.exists():
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                h.update(chunk)
+    if recorded is not None and h.hexdigest() != recorded.get("sha256"):
+        raise RunFolderError(f"{path}: changed since this run wrote it (its sha256 is not the one "
+                             f"{OWNER_FILE} records); pass --overwrite to start afresh or choose another --output-dir")
+    return h
+
+
 def _read_owner(folder: Path) -> dict | None:
+    """The folder's owner file, its "files" as {name: fingerprint or None} (an older owner file listed
+    names without fingerprints)."""
     file = folder / OWNER_FILE
     if not file.is_file():
         return None
     try:
         owner = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunFolderError(f"{file}: not valid JSON ({exc}); the folder's state is unknown: pass --overwrite "
-                             "to start it afresh or choose another --output-dir") from exc
-    if not isinstance(owner, dict) or not isinstance(owner.get("files"), list) or "command" not in owner:
+        raise RunFolderError(f"{file}: not valid JSON ({exc}); the folder's state is unknown: choose another "
+                             "--output-dir (--overwrite removes only files an intact owner file lists)") from exc
+    files = owner.get("files") if isinstance(owner, dict) else None
+    if not isinstance(files, (list, dict)) or "command" not in owner:
         raise RunFolderError(f"{file}: not an eagle-eval owner file (keys 'command' and 'files' expected); "
-                             "pass --overwrite to start the folder afresh or choose another --output-dir")
+                             "choose another --output-dir (--overwrite removes only files an intact owner file lists)")
+    if isinstance(files, list):
+        owner["files"] = {str(n): None for n in files}
+    else:
+        owner["files"] = {str(n): fp if isinstance(fp, dict) else None for n, fp in files.items()}
     return owner
 
 
 def _foreign(folder: Path, owner: dict | None) -> list[str]:
     """Entries of the folder that no eagle-eval run wrote."""
-    ours = KNOWN_FILES | {OWNER_FILE, LOCK_FILE} | set((owner or {}).get("files", []))
+    ours = KNOWN_FILES | {OWNER_FILE, LOCK_FILE} | set((owner or {}).get("files", {}))
     return sorted(e.name for e in folder.iterdir() if e.name not in ours and not e.name.startswith("."))
+
+
+def _removable(folder: Path, name: str, recorded: dict | None) -> str | None:
+    """None when `--overwrite` may remove the listed entry `name`, else why not (in words). Removable:
+    a plain name of an entry directly inside the folder, a regular file (not a link, not a folder),
+    holding the bytes the owner file records (or those plus one whole JSONL row, left unrecorded by a
+    crash between an append and the owner file's update)."""
+    if name in (OWNER_FILE, LOCK_FILE):
+        return "the folder's own bookkeeping, never listed by eagle-eval"
+    if not name or name in (".", "..") or "/" in name or "\\" in name or Path(name).is_absolute():
+        return "not a file name inside the folder"
+    path = folder / name
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if path.resolve().parent != folder.resolve():
+        return "outside the folder"
+    if recorded is None or "sha256" not in recorded or "size" not in recorded:
+        return "listed without a fingerprint (an older eagle-eval's owner file)"
+    if st.st_size == recorded["size"]:
+        return None if _file_fingerprint(path)["sha256"] == recorded["sha256"] else "changed since eagle-eval wrote it"
+    if st.st_size > recorded["size"]:
+        with open(path, "rb") as f:
+            head, tail = f.read(recorded["size"]), f.read()
+        if hashlib.sha256(head).hexdigest() == recorded["sha256"] and tail.endswith(b"\n") and \
+                tail.count(b"\n") == 1 and _is_json(tail):
+            return None
+    return "changed since eagle-eval wrote it"
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except (ValueError, UnicodeDecodeError):
+        return False
 
 
 def _check(folder: Path, command: str, config: dict, inputs: dict, resume: bool, overwrite: bool,
@@ -216,11 +317,13 @@ def _check(folder: Path, command: str, config: dict, inputs: dict, resume: bool,
         raise RunFolderError(f"--output-dir {folder}: holds files eagle-eval did not write ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}); choose another --output-dir")
     if overwrite:
+        _removal_plan(folder, _safe_owner(folder))
         return None
     if owner is None:
         if any(e.name != LOCK_FILE for e in folder.iterdir()):
             raise RunFolderError(f"--output-dir {folder}: holds results of an older eagle-eval without an owner "
-                                 f"file ({OWNER_FILE}); pass --overwrite to replace them or choose another --output-dir")
+                                 f"file ({OWNER_FILE}), which --overwrite does not remove (it removes only files an owner file "
+                                 "lists with their fingerprints); move them yourself or choose another --output-dir")
         if resume:
             raise RunFolderError(f"--resume: {folder} holds no run (nothing to resume)")
         return None
@@ -272,14 +375,27 @@ def _lock(folder: Path) -> int:
     return fd
 
 
+def _removal_plan(folder: Path, owner: dict | None) -> list[str]:
+    """--overwrite: the listed entries to remove; refuses (nothing removed yet) when one of the entries
+    the owner file lists, or a results file it does not list, may not be removed (`_removable`)."""
+    listed = dict((owner or {}).get("files", {}))
+    present = [n for n in listed if "/" in n or Path(n).is_absolute() or os.path.lexists(folder / n)]
+    kept = [(n, why) for n in present if (why := _removable(folder, n, listed[n])) not in (None, "absent")]
+    kept += [(n, "not listed in the owner file") for n in sorted(KNOWN_FILES)
+             if n not in listed and os.path.lexists(folder / n)]
+    if kept:
+        named = "; ".join(f"{n} ({why})" for n, why in kept[:5]) + ("; ..." if len(kept) > 5 else "")
+        raise RunFolderError(f"--overwrite: {folder}: nothing removed, these are left as they are: {named}. "
+                             "eagle-eval removes only files it wrote there, unchanged; move these yourself or "
+                             "choose another --output-dir")
+    return [n for n in present if os.path.lexists(folder / n)]
+
+
 def _clear(folder: Path, owner: dict | None) -> None:
-    """--overwrite: remove the old run's files (never a file eagle-eval did not write)."""
-    for name in sorted(KNOWN_FILES | set((owner or {}).get("files", [])) | {OWNER_FILE}):
-        p = folder / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
+    """--overwrite: remove the old run's files and its owner file (see `_removal_plan`)."""
+    for name in _removal_plan(folder, owner):
+        (folder / name).unlink()
+    (folder / OWNER_FILE).unlink(missing_ok=True)
 
 
 def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[str, str | None],
@@ -303,9 +419,9 @@ def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[s
         owner = _check(folder, command, config, given, resume, overwrite, ignore, locked=True)   # again, locked
         if owner is None:
             _clear(folder, _safe_owner(folder))
-            owner = {"schema_version": 1, "command": command, "status": "running",
+            owner = {"schema_version": OWNER_SCHEMA, "command": command, "status": "running",
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": config, "inputs": given,
-                     "files": []}
+                     "files": {}}
         else:
             owner.update(status="running", resumed=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         rf = RunFolder(folder, fd, owner)
