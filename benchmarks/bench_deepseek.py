@@ -13,7 +13,7 @@ Measures, side by side in one process:
 With --fp8 the same sections run a second time, in the same process, on a block-FP8 copy of the same
 weights (128x128 blocks, scale = amax / 448, as DeepSeek-V3 / Kimi-K2 ship them), held FP8 in the
 modules transformers builds for such a checkpoint (FP8Linear / FP8Experts, through its
-replace_with_fp8_linear) and run by the matmul `eagle_eval.models.fp8_matmul.resolve_fp8_matmul`
+replace_with_fp8_linear) and run by the matmul `eagle_eval.models.quant.fp8.resolve_fp8_matmul`
 picks (offline: eagle-eval's dequantizing matmul, W8A16). The output adds the FP8 copy's parameter
 memory, every FP8/bf16 ratio, and whether the FP8 loop's tokens equal the FP8 model's own greedy ones.
 
@@ -48,9 +48,9 @@ from bench_gpu import bench_loop, sync, timed  # noqa: E402
 from quant_fixtures import fp8_block_quantize  # noqa: E402
 
 from eagle_eval.api import Oracle  # noqa: E402
-from eagle_eval.models.head_io import vocab_map_from_used  # noqa: E402
-from eagle_eval.models.heads import Eagle3Head, HeadConfig  # noqa: E402
-from eagle_eval.spec.profile import greedy_continuations  # noqa: E402
+from eagle_eval.models.heads.io import vocab_map_from_used  # noqa: E402
+from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig  # noqa: E402
+from eagle_eval.speculative.profile import greedy_continuations  # noqa: E402
 
 # DeepSeek-V3 / Kimi-K2 widths (config.json of deepseek-ai/DeepSeek-V3); layers cut to fit one GPU
 FULL = dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256,
@@ -155,7 +155,7 @@ def bench_forward(oracle, vocab: int, tokens: int, seq: int) -> dict:
 
 def bench_profile_step(oracle, prompts, max_steps: int, max_new: int) -> dict:
     """The profile step alone (every num_steps <= max_steps at once) vs a plain forward of the same batch."""
-    from eagle_eval.spec import profile as prof
+    from eagle_eval.speculative import profile as prof
 
     spec = oracle.speculator
     conts = greedy_continuations(spec, prompts, max_new + max_steps, 0, 1 << 30)
@@ -208,7 +208,7 @@ def against_greedy(target, prompt: list[int], loop_tokens: list[int]) -> dict:
 
 def fp8_section(model, head, prompts, args, bf16: dict) -> dict:
     """The FP8 copy of the same weights: its memory, the same sections, ratios to bf16, losslessness."""
-    from eagle_eval.models.fp8_matmul import resolve_fp8_matmul
+    from eagle_eval.models.quant.fp8 import resolve_fp8_matmul
 
     before = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
     t0 = time.perf_counter()
@@ -229,7 +229,7 @@ def fp8_section(model, head, prompts, args, bf16: dict) -> dict:
         import copy
         import gc
 
-        from eagle_eval.spec.chain import speculative_decode
+        from eagle_eval.speculative.chain import speculative_decode
 
         gc.collect()                # the dequantizing forwards are bound methods: module <-> method cycles
         torch.cuda.empty_cache() if torch.cuda.is_available() else None

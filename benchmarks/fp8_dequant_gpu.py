@@ -1,5 +1,5 @@
 """GPU: eagle-eval's FP8 dequantization per weight, eager against torch.compile-fused, side by side
-(why `eagle_eval.models.fp8_matmul` stays eager: on the H200, torch 2.11, the compiled kernel measured
+(why `eagle_eval.models.quant.fp8` stays eager: on the H200, torch 2.11, the compiled kernel measured
 2.1-2.6x slower, benchmarks/results/h200_fp8_dequant.json).
 
 For the DeepSeek-V3 weight shapes at 128x128 blocks (a routed expert's gate_up and down, the dense
@@ -45,7 +45,7 @@ def median_us(fn, reps=20):
 
 
 def main():
-    from eagle_eval.models.fp8_matmul import _blocked_dequantize, dequantize_blocks
+    from eagle_eval.models.quant.fp8 import _blocked_dequantize, dequantize_blocks
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)

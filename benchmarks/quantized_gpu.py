@@ -3,7 +3,7 @@
 Builds the tiny FP8 target of tests/quant_fixtures.py (float8_e4m3fn weights + weight_scale_inv per
 16x16 block, as DeepSeek-V3 / Kimi-K2 ship them), loads it on cuda:0 through eagle-eval's load_target
 (transformers' fine-grained FP8 path: FP8Linear / FP8Experts keep the weights in fp8; the matmul is
-the one `--fp8-matmul` resolves to, see eagle_eval/models/fp8_matmul.py), runs the loop and the
+the one `--fp8-matmul` resolves to, see eagle_eval/models/quant/fp8.py), runs the loop and the
 profile over a few prompts and compares every output with the same model's greedy `generate` and the
 profile with the loop. Then the partial-block case: a 64x64-block copy (dims 48, 80, 96: partial last
 blocks; the experts' gate_up below the block) held FP8 on the GPU, its logits against the same

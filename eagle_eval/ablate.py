@@ -97,7 +97,7 @@ def measure_costs(oracle, verify_sizes, context: int = 128, reps: int = 5) -> Co
         target.forward(torch.randint(0, vocab, (1, n)), cache)
         target.rollback(cache, context)
 
-    from eagle_eval.spec.draft import DraftState
+    from eagle_eval.speculative.draft import DraftState
     state = DraftState(head, spec.embed)
     state.extend(torch.randn(1, context, head.config.num_aux * head.config.target_hidden_size,
                              device=device, dtype=head.lm_head.weight.dtype),
@@ -185,7 +185,7 @@ def _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_to
     from dataclasses import replace as _replace
 
     from eagle_eval.results.report import provenance
-    from eagle_eval.spec.tree import pool_size
+    from eagle_eval.speculative.tree import pool_size
 
     run = _replace(base.run, output_dir=None, resume=False, overwrite=False)
     named = [("base", {})] + [parse_variant(v) for v in variants]

@@ -19,7 +19,7 @@ BUNDLED_PROMPTS = REPO_ROOT / "data" / "prompts.jsonl"
 EMBEDDING_CHOICES = ("auto", "target", "own")
 AUX_CONVENTIONS = ("sglang", "vllm", "hf", "boundary")    # models/capture.py CONVENTIONS
 DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
-FP8_MATMUL_CHOICES = ("auto", "kernel", "dequantize")     # models/fp8_matmul.py
+FP8_MATMUL_CHOICES = ("auto", "kernel", "dequantize")     # models/quant/fp8.py
 # dataset readers (eagle_eval/datasets.py); "prompts" is the plain prompt JSONL of --prompts
 DATASET_FORMATS = ("mt_bench", "spec_bench", "gsm8k", "humaneval", "alpaca", "sharegpt", "prompts")
 

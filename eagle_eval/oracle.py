@@ -17,10 +17,10 @@ import torch
 
 from eagle_eval.config import ConfigError, RunConfig
 from eagle_eval.models.capture import engine_taps, resolve_aux_layers, sglang_deepseek_family
-from eagle_eval.models.head_io import load_head
+from eagle_eval.models.heads.io import load_head
 from eagle_eval.results.records import Prompt, SampleRecord
-from eagle_eval.spec.chain import Speculator, speculative_decode
-from eagle_eval.spec.greedy import first_divergence, plain_greedy
+from eagle_eval.speculative.chain import Speculator, speculative_decode
+from eagle_eval.speculative.greedy import first_divergence, plain_greedy
 from eagle_eval.workload.conversations import load_workload
 
 log = logging.getLogger("eagle_eval")
@@ -31,7 +31,7 @@ SGLANG_TOPK1_MESSAGE = ("speculative_num_draft_tokens is adjusted to speculative
 
 def resolve_speculative(num_steps: int, topk: int, num_draft_tokens: int | None) -> tuple[int, list[str]]:
     """num_draft_tokens as SGLang would use it, and the warnings SGLang would log."""
-    from eagle_eval.spec.tree import pool_size
+    from eagle_eval.speculative.tree import pool_size
 
     notes = []
     if topk == 1:
@@ -205,7 +205,7 @@ def load_oracle(config: RunConfig) -> Oracle:
         "accept_length_definition": "mean over verify cycles of (accepted drafts + 1), bonus counted",
         "train_acc": _train_acc(config, loaded.path),
     }
-    from eagle_eval.models.sanity import load_findings  # issue 5: load-time checks, printed by `run`
+    from eagle_eval.models.checks.sanity import load_findings  # issue 5: load-time checks, printed by `run`
     resolved["sanity"] = [f.as_dict() for f in load_findings(target, loaded, aux, config, table_name)]
     spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf,
                       position_offset=config.position_offset)

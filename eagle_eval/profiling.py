@@ -1,6 +1,6 @@
 """`profile`: exact per-cycle acceptance for every num_steps <= max_steps from one teacher-forced pass.
 
-Contract: the orchestration of spec/profile.py over a workload: the continuations (the target's own
+Contract: the orchestration of speculative/profile.py over a workload: the continuations (the target's own
 batched greedy, or a responses file checked against the target's argmax and repaired in one batch),
 the profile of every prompt, the cycle simulation per num_steps (and per num_draft_tokens of a tree
 grid), the report and its output folder. Reached through `eagle_eval.api.profile`.
@@ -70,8 +70,8 @@ def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResu
     from tqdm import tqdm
 
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
-    from eagle_eval.spec import profile as prof
-    from eagle_eval.spec.tree import pool_size
+    from eagle_eval.speculative import profile as prof
+    from eagle_eval.speculative.tree import pool_size
     cfg, k_max = pcfg.run, pcfg.max_steps
     oracle = oracle or load_oracle(cfg)
     spec, tok = oracle.speculator, oracle.tokenizer
@@ -163,7 +163,7 @@ def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad:
             batch_tokens: int) -> list[list[int]]:
     """Extend continuations greedily to `need` tokens, in batches (responses stop at max_new_tokens
     or EOS; the loop's last verify looks num_steps tokens further)."""
-    from eagle_eval.spec import profile as prof
+    from eagle_eval.speculative import profile as prof
 
     short = [i for i, c in enumerate(conts) if len(c) < need]
     out = [c[:need] for c in conts]

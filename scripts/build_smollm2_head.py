@@ -132,7 +132,7 @@ def round_to_bf16(head) -> None:
 
 
 def save(head, out: Path, metrics: dict) -> None:
-    from eagle_eval.models.head_io import save_head
+    from eagle_eval.models.heads.io import save_head
 
     sglang_ids = [i - 1 for i in AUX_HF]
     save_head(copy.deepcopy(head).to(torch.bfloat16), out, aux_layer_ids_sglang=sglang_ids)

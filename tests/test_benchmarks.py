@@ -26,9 +26,9 @@ def test_deepseek_benchmark_shapes_run_tiny_and_the_loop_is_lossless():
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     from bench_deepseek import build, make_oracle
 
-    from eagle_eval.spec.chain import speculative_decode
-    from eagle_eval.spec.greedy import plain_greedy
-    from eagle_eval.spec.profile import greedy_continuations, profile_batch, simulate_cycles
+    from eagle_eval.speculative.chain import speculative_decode
+    from eagle_eval.speculative.greedy import plain_greedy
+    from eagle_eval.speculative.profile import greedy_continuations, profile_batch, simulate_cycles
 
     model, head = build(tiny=True, layers=4, device="cpu", dtype=torch.float32)
     assert type(model).__name__ == "DeepseekV3ForCausalLM" and model.config.n_routed_experts == 8
@@ -56,9 +56,9 @@ def test_deepseek_benchmark_fp8_copy_holds_fp8_and_its_loop_is_lossless():
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     from bench_deepseek import build, fp8_copy, make_oracle
 
-    from eagle_eval.models.fp8_matmul import dequantize_blocks, held_fp8_modules, resolve_fp8_matmul
-    from eagle_eval.spec.chain import speculative_decode
-    from eagle_eval.spec.greedy import plain_greedy
+    from eagle_eval.models.quant.fp8 import dequantize_blocks, held_fp8_modules, resolve_fp8_matmul
+    from eagle_eval.speculative.chain import speculative_decode
+    from eagle_eval.speculative.greedy import plain_greedy
 
     model, head = build(tiny=True, layers=4, device="cpu", dtype=torch.float32)
     fp8 = fp8_copy(model)

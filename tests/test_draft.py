@@ -4,8 +4,8 @@ import pytest
 import torch
 from fixtures import head_config
 
-from eagle_eval.models.heads import Eagle3Head
-from eagle_eval.spec.draft import DraftState, unroll_chains
+from eagle_eval.models.heads.llama import Eagle3Head
+from eagle_eval.speculative.draft import DraftState, unroll_chains
 
 
 @pytest.mark.parametrize("position_offset", [0, 1])

@@ -59,7 +59,7 @@ def test_held_fp8_partial_blocks_on_the_gpu_equal_the_formula(built):
 def test_dequantization_on_the_gpu_equals_the_formula():
     from quant_fixtures import fp8_block_dequantize, fp8_block_quantize
 
-    from eagle_eval.models.fp8_matmul import dequantize_blocks
+    from eagle_eval.models.quant.fp8 import dequantize_blocks
 
     for shape in ((40, 24), (64, 48), (300, 130)):
         q, scale = fp8_block_quantize(torch.randn(*shape, generator=torch.Generator().manual_seed(4)), (16, 16))

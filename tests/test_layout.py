@@ -8,12 +8,12 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eagle_eval"
-LOWER = {"models", "spec", "workload", "results"}
+LOWER = {"models", "speculative", "workload", "results"}
 HIGHER = {"diagnose", "servers", "api", "cli"}
 
 
 def _unit(module: str) -> str:
-    """eagle_eval.spec.chain -> 'spec'; eagle_eval.api -> 'api'."""
+    """eagle_eval.speculative.chain -> 'spec'; eagle_eval.api -> 'api'."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "eagle_eval"
 
@@ -66,7 +66,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_walker_sees_imports_inside_functions():
     edges = set(import_edges())
     assert ("eagle_eval.cli", "eagle_eval.api") in edges            # imported inside a command
-    assert ("eagle_eval.spec.chain", "eagle_eval.models.capture") in edges
+    assert ("eagle_eval.speculative.chain", "eagle_eval.models.capture") in edges
 
 
 def test_lower_wings_never_import_higher_ones():

@@ -14,7 +14,7 @@ from quant_fixtures import EXPERT, fp8_block_dequantize, make_fp8_target, make_i
 from eagle_eval import api
 from eagle_eval.config import ProfileConfig, RunConfig
 from eagle_eval.models.capture import FeatureCapture, resolve_aux_layers
-from eagle_eval.models.quant import held_quantized
+from eagle_eval.models.quant.info import held_quantized
 from eagle_eval.models.target import load_target
 from eagle_eval.results.report import render_table
 from eagle_eval.workload.conversations import load_workload
@@ -173,7 +173,7 @@ def test_held_fp8_loop_equals_its_generate_and_profile_equals_loop(built, gpu_wi
 
 
 def test_fp8_kernel_mode_refused_where_the_kernel_cannot_load(built, gpu_without_fp8_kernels):
-    from eagle_eval.models.fp8_matmul import Fp8MatmulError
+    from eagle_eval.models.quant.fp8 import Fp8MatmulError
 
     with pytest.raises(Fp8MatmulError, match="--fp8-matmul kernel: .*ImportError.*use --fp8-matmul dequantize"):
         load_target(str(built["fp8"]), dtype="fp32", device_map="cpu", fp8_matmul="kernel")
@@ -185,7 +185,7 @@ def test_dequantize_blocks_partial_last_blocks(shape):
     block 128): the last block is partial; the test's formula is the checkpoint format's."""
     from quant_fixtures import fp8_block_quantize
 
-    from eagle_eval.models.fp8_matmul import dequantize_blocks
+    from eagle_eval.models.quant.fp8 import dequantize_blocks
 
     w = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     q, scale = fp8_block_quantize(w, (16, 16))
@@ -197,7 +197,7 @@ def test_dequantize_blocks_partial_last_blocks(shape):
 def test_dequantize_blocks_refuses_a_grid_that_does_not_fit_the_block():
     from quant_fixtures import fp8_block_quantize
 
-    from eagle_eval.models.fp8_matmul import Fp8MatmulError, dequantize_blocks
+    from eagle_eval.models.quant.fp8 import Fp8MatmulError, dequantize_blocks
 
     q, scale = fp8_block_quantize(torch.randn(40, 24), (16, 16))        # grid 3 x 2
     with pytest.raises(Fp8MatmulError, match=r"layer\.w: weight \(40, 24\) with block 8x8 needs a scale grid 5x3"):
@@ -206,7 +206,7 @@ def test_dequantize_blocks_refuses_a_grid_that_does_not_fit_the_block():
 
 def test_fp8_matmul_choices_agree():
     from eagle_eval.config import FP8_MATMUL_CHOICES as CONFIG_CHOICES
-    from eagle_eval.models.fp8_matmul import FP8_MATMUL_CHOICES
+    from eagle_eval.models.quant.fp8 import FP8_MATMUL_CHOICES
 
     assert CONFIG_CHOICES == FP8_MATMUL_CHOICES
 

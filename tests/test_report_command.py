@@ -17,8 +17,8 @@ from eagle_eval.results.compare import compare, load_result
 from eagle_eval.results.records import SampleRecord
 from eagle_eval.results.report import group_summaries, render_table, summarize
 from eagle_eval.results.tables import csv_rows, read_csv
-from eagle_eval.spec.draft import DraftState
-from eagle_eval.spec.greedy import plain_greedy
+from eagle_eval.speculative.draft import DraftState
+from eagle_eval.speculative.greedy import plain_greedy
 
 DATA = Path(__file__).parent / "data"
 KEYS = ("summary", "per_position", "histogram", "by_category", "by_turn")

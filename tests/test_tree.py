@@ -6,10 +6,10 @@ from fixtures import load_prompts
 
 from eagle_eval import api
 from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.spec import chain
-from eagle_eval.spec.draft import DraftState
-from eagle_eval.spec.greedy import plain_greedy
-from eagle_eval.spec.tree import Pool, accept_path, pool_size, select_tree
+from eagle_eval.speculative import chain
+from eagle_eval.speculative.draft import DraftState
+from eagle_eval.speculative.greedy import plain_greedy
+from eagle_eval.speculative.tree import Pool, accept_path, pool_size, select_tree
 
 
 def test_hand_built_tree():

@@ -56,7 +56,7 @@ def _layers(hf) -> dict:
 
 def _config_hf(oracle) -> list[int] | None:
     """The HF layers the draft config.json itself names (None: no ids in it)."""
-    from eagle_eval.models.sanity import config_aux_hf
+    from eagle_eval.models.checks.sanity import config_aux_hf
 
     return config_aux_hf(json.loads((Path(oracle.resolved["head"]["path"]) / "config.json").read_text()))
 
@@ -119,7 +119,7 @@ class Rounds:
 
     def ensure(self, hi: int) -> None:
         """Greedy continuations (max_new_tokens + num_steps, not cut at EOS) for the first `hi` prompts."""
-        from eagle_eval.spec.profile import greedy_continuations
+        from eagle_eval.speculative.profile import greedy_continuations
 
         if hi <= len(self.conts):
             return
@@ -169,7 +169,7 @@ def _diagnose(run, dcfg: DiagnoseConfig, folder, progress: bool, oracle) -> Diag
     from eagle_eval.diagnose import aux_sweep
     from eagle_eval.diagnose.fingerprint import fingerprint
     from eagle_eval.diagnose.template_check import template_check
-    from eagle_eval.models import sanity
+    from eagle_eval.models.checks import sanity
     from eagle_eval.results.report import provenance
 
     budget = min(run.limit, dcfg.prompt_budget) if run.limit is not None else dcfg.prompt_budget

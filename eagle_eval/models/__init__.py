@@ -1,7 +1,11 @@
-"""Models: the target (loaded with accelerate), the EAGLE-3 head and its checkpoint dialects, the one
-function that decides which target tensors feed the head (`capture.resolve_aux_layers`), and the
-load-time checks of what was loaded (`sanity`).
+"""Models: the target (loaded with accelerate), the EAGLE-3 heads and their checkpoint dialects, the one
+function that decides which target tensors feed the head (`capture.resolve_aux_layers`), quantized
+weights, and the load-time checks of what was loaded.
 
-May import: `eagle_eval.config`, `eagle_eval.errors`, `eagle_eval.results.findings` (the finding record).
-Never: spec, workload, diagnose, servers, api, cli.
+Rooms: `target`, `text_decoder`, `capture`, `files`, `training_metrics`; `heads/` (the Llama-style and
+MLA draft layers, their configs, checkpoint dialects and key audit); `quant/` (what a checkpoint holds
+quantized, and the matmuls that run it); `checks/` (load-time findings).
+
+May import: `eagle_eval.settings`, `eagle_eval.errors`, `eagle_eval.results.findings` (the finding record).
+Never: speculative, workload, diagnose, servers, the commands, api, cli.
 """

@@ -221,10 +221,10 @@ def _check_files(folder: Path, trust_remote_code: bool) -> dict:
 def _check_fp8_blocks(folder: Path) -> None:
     """Refuse a block-FP8 checkpoint with partial blocks where transformers would dequantize it on load
     (no GPU of compute capability >= 8.9 here): its dequantize-on-load infers the block from the grid."""
-    from eagle_eval.models.quant import partial_fp8_blocks
+    from eagle_eval.models.quant.info import partial_fp8_blocks
 
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
-        return                                # held in FP8; models/fp8_matmul.py uses the configured block
+        return                                # held in FP8; models/quant/fp8.py uses the configured block
     partial = partial_fp8_blocks(folder)
     if partial:
         raise TargetError(
@@ -238,11 +238,11 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
                 trust_remote_code: bool = False, fp8_matmul: str = "auto"):
     """Load a local Hugging Face folder (a causal LM, or a multimodal model run on text: `auto_class_name`)
     and its tokenizer -> (Target, tokenizer). A block-FP8 checkpoint held in FP8 runs its matmuls as
-    `fp8_matmul` says (models/fp8_matmul.py)."""
+    `fp8_matmul` says (models/quant/fp8.py)."""
     import transformers
     from transformers import AutoTokenizer
 
-    from eagle_eval.models.fp8_matmul import resolve_fp8_matmul
+    from eagle_eval.models.quant.fp8 import resolve_fp8_matmul
 
     folder = Path(path)
     if not folder.is_dir():
@@ -285,7 +285,7 @@ def with_quantization(target: Target, folder: Path, fp8_matmul: dict | None = No
     matmul runs it) in `target.info`."""
     from dataclasses import replace
 
-    from eagle_eval.models.quant import quantization_info
+    from eagle_eval.models.quant.info import quantization_info
 
     target.info = replace(target.info, quantization=quantization_info(target.model, folder, fp8_matmul))
     return target

@@ -83,7 +83,7 @@ class ServerCheckResult:
 
 def divergence_from_oracle(oracle, prompt, server_ids: list[int] | None, oracle_ids: list[int]) -> dict | None:
     """First difference of the server's output from the oracle's, with the target's logit margin there."""
-    from eagle_eval.spec.greedy import first_divergence
+    from eagle_eval.speculative.greedy import first_divergence
 
     if server_ids is None or server_ids == oracle_ids:
         return None

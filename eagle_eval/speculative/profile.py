@@ -19,9 +19,9 @@ import torch
 
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.results.records import Prompt
-from eagle_eval.spec.chain import Decoded, Speculator, _emit
-from eagle_eval.spec.draft import TreePools, unroll_chains, unroll_trees
-from eagle_eval.spec.tree import pool_size
+from eagle_eval.speculative.chain import Decoded, Speculator, _emit
+from eagle_eval.speculative.draft import TreePools, unroll_chains, unroll_trees
+from eagle_eval.speculative.tree import pool_size
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.models.target import Target
 from eagle_eval.results.acceptance import greedy_accept
-from eagle_eval.spec.tree import Tree, accept_path
+from eagle_eval.speculative.tree import Tree, accept_path
 
 
 @dataclass

@@ -1,9 +1,9 @@
-"""Load-time checks of the head variants (issue 16), called by models/sanity.py.
+"""Load-time checks of the head variants (issue 16), called by models/checks/sanity.py.
 
 Contract: `head_variant_findings(loaded, aux)` returns `Finding`s for the shipped variant flags and
 which engines honour them (norm_before_fc with its input norm, EAGLE-3.1 fc_norm / norm_output,
 interleaved RoPE), norm weights left at their init, a boundary id N (the final pre-norm state) and
-the config-key audit of models/head_keys.py. Looks at weights and configs only; a check that cannot
+the config-key audit of models/heads/keys.py. Looks at weights and configs only; a check that cannot
 run becomes an info finding (`results.findings.guarded`).
 """
 
@@ -52,7 +52,7 @@ def norm_variant_findings(loaded, raw: dict) -> list[Finding]:
 
 def rope_variant_findings(loaded, raw: dict) -> list[Finding]:
     cfg = loaded.head.config
-    if not cfg.rope_interleaved or cfg.mla is not None:     # MLA always rotates pairs (models/mla_checks.py)
+    if not cfg.rope_interleaved or cfg.mla is not None:     # MLA always rotates pairs (models/checks/mla.py)
         return []
     return [warning("rope-interleaved", "rope_is_neox_style=false: GPT-J-style (interleaved) RoPE; SGLang's llama "
                                         "layer reads the key, vLLM's llama ignores it and rotates NeoX halves, so "
@@ -70,7 +70,7 @@ def boundary_findings(aux) -> list[Finding]:
 
 
 def head_key_findings(loaded) -> list[Finding]:
-    """The config-key audit (models/head_keys.py) as findings."""
+    """The config-key audit (models/heads/keys.py) as findings."""
     audit = loaded.key_audit
     if audit is None:
         return []

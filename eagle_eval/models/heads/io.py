@@ -7,7 +7,7 @@
 | speculators | `Eagle3Speculator`                   | model.safetensors                     | `layers.0.`  |
 | mla         | `Eagle3DeepseekV2ForCausalLM` (MLA)  | model.safetensors                     | either, one  |
 
-The mla dialect is the MLA head kind (models/mla_head.py, models/mla_config.py): vLLM
+The mla dialect is the MLA head kind (models/heads/mla.py, models/heads/mla_config.py): vLLM
 (`deepseek_eagle3.py` `DeepseekV2Eagle3Model.hf_to_vllm_mapper`) renames `midlayer.` to `layers.0.`,
 SGLang (`kimi_k25_eagle3.py` `load_weights`) the other way, so a checkpoint may use either prefix,
 but only one.
@@ -15,7 +15,7 @@ but only one.
 Each dialect maps checkpoint keys to `Eagle3Head` parameter names through one visible table; loading
 is strict: a missing, unexpected or mis-shaped tensor is a `CheckpointError` naming the file, the key
 and both shapes (and, for a variant's tensor, the config flag that asks for it or its absence).
-Every config.json key is audited first (models/head_keys.py). `.bin` pickles load with `weights_only=True`.
+Every config.json key is audited first (models/heads/keys.py). `.bin` pickles load with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
-from eagle_eval.models.head_config import (  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
+from eagle_eval.models.heads.config import (  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
     EAGLE,
     MLA,
     SPECFORGE,
@@ -36,10 +36,10 @@ from eagle_eval.models.head_config import (  # noqa: F401  (CheckpointError, hea
     head_config_from_json,
     model_type_note,
 )
-from eagle_eval.models.head_keys import KeyAudit, audit_keys, check_keys
-from eagle_eval.models.heads import Eagle3Head, HeadConfig
-from eagle_eval.models.mla_config import MLA_ARCHITECTURES, mla_config_from_json, mla_config_json
-from eagle_eval.models.mla_head import build_head
+from eagle_eval.models.heads.keys import KeyAudit, audit_keys, check_keys
+from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig
+from eagle_eval.models.heads.mla_config import MLA_ARCHITECTURES, mla_config_from_json, mla_config_json
+from eagle_eval.models.heads.mla import build_head
 
 DIALECTS = (SPECFORGE, EAGLE, SPECULATORS, MLA)
 _LAYER_PREFIX = {SPECFORGE: "midlayer.", EAGLE: "midlayer.", SPECULATORS: "layers.0.", MLA: "layers.0."}
@@ -179,7 +179,7 @@ def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) ->
 
 def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
     """Read a draft head checkpoint folder (any dialect) strictly. Config keys that change the math in an
-    engine but not here are an error unless `allow_unknown_keys` (models/head_keys.py)."""
+    engine but not here are an error unless `allow_unknown_keys` (models/heads/keys.py)."""
     path = Path(path)
     config_file, config = _read_config(path)
     dialect = detect_dialect(config, config_file)

@@ -2,7 +2,7 @@
 
 Contract: `HeadConfig` is the frozen, validated description of one EAGLE-3 head (EAGLE3.md section 2)
 plus the variants the engines ship; `head_config_from_json` builds it from any dialect's config.json
-and `CONSUMED_KEYS` lists every key it reads (models/head_keys.py audits the rest). No torch here.
+and `CONSUMED_KEYS` lists every key it reads (models/heads/keys.py audits the rest). No torch here.
 
 | flag                  | what changes                                                  | engines |
 |-----------------------|---------------------------------------------------------------|---------|
@@ -29,7 +29,7 @@ class CheckpointError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class MLASettings:
-    """The draft layer's multi-head latent attention (DeepSeek-V2/V3), see models/mla_head.py."""
+    """The draft layer's multi-head latent attention (DeepSeek-V2/V3), see models/heads/mla.py."""
     q_lora_rank: int | None               # None: one q_proj [heads*(nope+rope), 2H] instead of q_a/q_b
     kv_lora_rank: int
     qk_nope_head_dim: int
@@ -74,7 +74,7 @@ class HeadConfig:
     fc_norm: bool = False                 # EAGLE-3.1: one RMSNorm per aux block [H_t] before fc
     norm_output: bool = False             # EAGLE-3.1: the recurrence carries norm(out)
     rope_interleaved: bool = False        # GPT-J-style RoPE (SGLang rope_is_neox_style=false)
-    mla: MLASettings | None = None        # the draft layer's attention is MLA (models/mla_head.py)
+    mla: MLASettings | None = None        # the draft layer's attention is MLA (models/heads/mla.py)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:

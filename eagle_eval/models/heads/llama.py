@@ -2,12 +2,12 @@
 
 Contract: `Eagle3Head` computes exactly the per-token math of EAGLE3.md section 2, with an explicit
 `DraftCache`, and the variants the engines ship (`norm_before_fc`, EAGLE-3.1 `fc_norm` / `norm_output`,
-interleaved RoPE, scaled RoPE through transformers' initialisers): see models/head_config.py, which
+interleaved RoPE, scaled RoPE through transformers' initialisers): see models/heads/config.py, which
 holds `HeadConfig` and cites where each engine implements each. A head kind changes only the draft
-layer's attention and its RoPE tables (`_attention`, `_rope_tables`): models/mla_head.py `MLAHead`
-(DeepSeek MLA) keeps everything else, so spec/draft.py drives both through the same interface
+layer's attention and its RoPE tables (`_attention`, `_rope_tables`): models/heads/mla.py `MLAHead`
+(DeepSeek MLA) keeps everything else, so speculative/draft.py drives both through the same interface
 (`attention_input`, `self_attn.project/attend/expand_kv/o_proj/scale`, `finish`, `lm`). It knows
-nothing about the target model, tokenizers or the speculative loop; checkpoints are read and written by models/head_io.py.
+nothing about the target model, tokenizers or the speculative loop; checkpoints are read and written by models/heads/io.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from eagle_eval.models.head_config import HeadConfig  # noqa: F401  (re-exported: the head's config)
+from eagle_eval.models.heads.config import HeadConfig  # noqa: F401  (re-exported: the head's config)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
         self.rotate = _rotate_pairs if cfg.rope_interleaved else _rotate_half
-        self.scale = 1.0 / math.sqrt(d)              # softmax scale (the profile in spec/draft.py reads it)
+        self.scale = 1.0 / math.sqrt(d)              # softmax scale (the profile in speculative/draft.py reads it)
 
     def project(self, u: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """u [B, T, 2H] -> q [B, heads, T, d], k/v [B, kv_heads, T, d], RoPE applied."""
@@ -141,7 +141,7 @@ class Eagle3Head(nn.Module):
 
     `embed_tokens` exists only when the checkpoint carries its own table (`with_embedding=True`);
     `input_norm` [k*H_t] only with `norm_before_fc`, `fc_norm.{i}` [H_t] only with `fc_norm`
-    (speculators / vLLM names; see models/head_config.py for the variants and where engines read them).
+    (speculators / vLLM names; see models/heads/config.py for the variants and where engines read them).
     """
 
     def __init__(self, cfg: HeadConfig, with_embedding: bool = False):
@@ -164,7 +164,7 @@ class Eagle3Head(nn.Module):
         inv_freq, self.attention_scaling = self._rope_tables(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    # -- what a head kind changes (models/mla_head.py overrides both) ----------------------------
+    # -- what a head kind changes (models/heads/mla.py overrides both) ----------------------------
     def _attention(self, cfg: HeadConfig) -> nn.Module:
         """The draft layer's attention: GQA with q/k/v_proj over the 2H input."""
         return _Attention(cfg)

@@ -27,7 +27,7 @@ projection widened to 2H), `deepseek_v2.py` `DeepseekV2AttentionMLA.__init__` (s
 The engines cache the latent (c, k_pe) and absorb kv_b_proj into q and o (the "MLA" kernels); this
 reference caches the decompressed per-head keys and values instead: the same products, summed in
 another order. Checkpoint tensors are named as both engines load them (`midlayer.` or `layers.0.`
-prefix; models/head_io.py): `self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
+prefix; models/heads/io.py): `self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
 kv_a_layernorm, kv_b_proj, o_proj}.weight`.
 """
 
@@ -39,8 +39,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from eagle_eval.models.head_config import HeadConfig
-from eagle_eval.models.heads import Eagle3Head, _RMSNorm, _rotate_pairs
+from eagle_eval.models.heads.config import HeadConfig
+from eagle_eval.models.heads.llama import Eagle3Head, _RMSNorm, _rotate_pairs
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -78,7 +78,7 @@ def softmax_scale(cfg: HeadConfig) -> float:
 
 
 class MLAAttention(nn.Module):
-    """The draft layer's MLA over the 2H input; the `_Attention` interface spec/draft.py drives."""
+    """The draft layer's MLA over the 2H input; the `_Attention` interface speculative/draft.py drives."""
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()

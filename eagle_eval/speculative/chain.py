@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle_eval.models.capture import FeatureCapture
-from eagle_eval.models.heads import Eagle3Head
+from eagle_eval.models.heads.llama import Eagle3Head
 from eagle_eval.models.target import Target
-from eagle_eval.spec.draft import DraftState, EmbedFn
-from eagle_eval.spec.tree import select_tree
-from eagle_eval.spec.verify import verify_chain, verify_tree
+from eagle_eval.speculative.draft import DraftState, EmbedFn
+from eagle_eval.speculative.tree import select_tree
+from eagle_eval.speculative.verify import verify_chain, verify_tree
 
 
 @dataclass

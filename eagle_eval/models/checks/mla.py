@@ -1,4 +1,4 @@
-"""Load-time checks that apply only to an MLA head (models/mla_head.py), called by models/sanity.py.
+"""Load-time checks that apply only to an MLA head (models/heads/mla.py), called by models/checks/sanity.py.
 
 Contract: `mla_findings(loaded, raw, target_cfg)` returns `Finding`s about the head's MLA settings
 against its target and against what each engine's MLA head honours: the DeepSeek yarn parameters

@@ -2,7 +2,7 @@
 
 Contract: `mla_config_from_json` builds the `HeadConfig` (with `MLASettings`) of a head whose draft layer
 is DeepSeek multi-head latent attention, refusing settings no engine's MLA head implements;
-`mla_config_json` writes one; `MLA_CONSUMED` / `MLA_HARMLESS` tell models/head_keys.py which keys
+`mla_config_json` writes one; `MLA_CONSUMED` / `MLA_HARMLESS` tell models/heads/keys.py which keys
 are read and which cannot change the draft. No torch here. Where the engines read each key:
 
 - vLLM `vllm/model_executor/models/deepseek_eagle3.py` (PR #36361, "Kimi k2.5 MLA based eagle3"):
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle_eval.models.head_config import DEEPSEEK_CONFIG_TYPES, CheckpointError, HeadConfig, MLASettings, _flag, _need
+from eagle_eval.models.heads.config import DEEPSEEK_CONFIG_TYPES, CheckpointError, HeadConfig, MLASettings, _flag, _need
 
 MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 # kimi_k2: NVIDIA ModelOpt's Kimi-K2 MLA export writes it (modelopt/torch/export/plugins/hf_spec_export.py,

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_eval.models.head_config import CONSUMED_KEYS, MLA, SPECULATORS, CheckpointError
-from eagle_eval.models.mla_config import MLA_CONSUMED, MLA_HARMLESS
+from eagle_eval.models.heads.config import CONSUMED_KEYS, MLA, SPECULATORS, CheckpointError
+from eagle_eval.models.heads.mla_config import MLA_CONSUMED, MLA_HARMLESS
 
 _GENERIC = "Hugging Face PretrainedConfig generic attribute (output / generation / task switches), not the head's math"
 HARMLESS = {
@@ -98,7 +98,7 @@ ENGINE_MATH = {
                                                   "its final norm; SGLang and vLLM apply norm regardless"),
     "use_mtp_layernorm": EngineKey((False, None), "ModelOpt unified_export_megatron.py: MTP-style enorm/hnorm"),
     "parallel_draft_step": EngineKey((1, None), "ModelOpt parallel drafting (several tokens per draft forward)"),
-    # MLA heads (models/mla_config.py)
+    # MLA heads (models/heads/mla_config.py)
     "index_topk": EngineKey((None,), "vLLM deepseek_v2.py DeepseekV2MLAAttention.__init__: is_v32 = hasattr(config, "
                                      "'index_topk') adds DeepSeek-V3.2's sparse-attention indexer"),
     "apply_yarn_scaling": EngineKey((True, None), "vLLM deepseek_v2.py DeepseekV2MLAAttention.__init__: False turns "

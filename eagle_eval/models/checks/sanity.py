@@ -5,8 +5,8 @@ statistics), so `load_oracle` runs it for every command and `run` prints it. It 
 an lm_head / own embed_tokens that looks untrained (a fresh PyTorch or Hugging Face init, i.i.d.
 numbers with no trained structure, collapsed rows), d2t/t2d consistency and the identity d2t on a
 reduced vocab, RoPE base / scaling / max positions of the draft vs the target, dialect flags and which
-engine reads which aux-id key, dtypes; head variants and the config-key audit in models/variant_checks.py;
-for an MLA head, models/mla_checks.py. `coverage_finding` needs the target's greedy tokens and is
+engine reads which aux-id key, dtypes; head variants and the config-key audit in models/checks/variants.py;
+for an MLA head, models/checks/mla.py. `coverage_finding` needs the target's greedy tokens and is
 called by `diagnose`. A check that cannot run on an unusual model becomes an info finding, never a
 crash.
 """
@@ -27,8 +27,8 @@ from eagle_eval.models.capture import (
     engine_taps,
     sglang_deepseek_family,
 )
-from eagle_eval.models.mla_checks import mla_findings
-from eagle_eval.models.variant_checks import head_variant_findings
+from eagle_eval.models.checks.mla import mla_findings
+from eagle_eval.models.checks.variants import head_variant_findings
 from eagle_eval.results.findings import Finding, error, guarded, info, warning
 
 SAMPLE_ROWS = 4096           # matrix statistics use at most this many rows (deterministic sample)
@@ -334,5 +334,5 @@ def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))
     out += guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)
     out += head_variant_findings(loaded, aux)               # issue 16: head variants and config keys
-    out += guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (models/mla_checks.py)
+    out += guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (models/checks/mla.py)
     return out

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle_eval.models.heads import DraftCache, Eagle3Head
-from eagle_eval.spec.tree import Pool, stable_top
+from eagle_eval.models.heads.llama import DraftCache, Eagle3Head
+from eagle_eval.speculative.tree import Pool, stable_top
 
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]   # token ids [B, T] -> embeddings [B, T, H]
 
