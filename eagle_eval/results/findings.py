@@ -3,8 +3,8 @@
 Contract: a finding is (severity, code, message[, detail]); `severity` is `info`, `warning`,
 `undecided` (a check that could not tell: never reported as fine) or `error`; `code` is a stable
 kebab-case identifier tests and scripts can match; `message` is one line that says what was
-measured and why it matters. `exit_status` is 1 when any finding is an error
-(every mismatch is reported as an error) or undecided, else 0.
+measured and why it matters. `exit_status` is 1 when any finding is an error (every mismatch is
+reported as an error), else 3 when one is undecided, else 0 (errors.ExitCode).
 """
 
 from __future__ import annotations
@@ -71,12 +71,16 @@ def by_severity(findings: list[Finding]) -> list[Finding]:
 
 
 def exit_status(findings: list[Finding]) -> int:
-    """1 when any finding is an error or undecided, else 0.
+    """1 (a check failed) when any finding is an error, else 3 (undecided) when one is undecided, else 0.
 
-    >>> exit_status([info("a", ""), warning("b", "")]), exit_status([error("c", "")]), exit_status([undecided("d", "")])
-    (0, 1, 1)
+    >>> exit_status([info("a", ""), warning("b", "")]), exit_status([error("c", ""), undecided("d", "")])
+    (0, 1)
+    >>> exit_status([undecided("d", "")])
+    3
     """
-    return 1 if any(f.severity in ("error", "undecided") for f in findings) else 0
+    if any(f.severity == "error" for f in findings):
+        return 1
+    return 3 if any(f.severity == "undecided" for f in findings) else 0
 
 
 def render_findings(findings: list[Finding], only_problems: bool = False) -> str:
