@@ -28,11 +28,16 @@ import torch
 MOE_MARKERS = ("Experts", "MoE", "Moe")
 
 
-def capture_blockers(spec) -> str | None:
-    """Why the loop of `spec` cannot be captured (one line), or None."""
-    if not torch.cuda.is_available():
-        return "no CUDA device: the loop runs eager"
+def capture_blockers(spec, cuda: bool | None = None) -> str | None:
+    """Why the loop of `spec` cannot be captured (one line), or None. cuda: whether a CUDA device is
+    there (default: ask torch)."""
     model = spec.target.model
+    for name, module in model.named_modules():
+        if any(m in type(module).__name__ for m in MOE_MARKERS):
+            return (f"{name} ({type(module).__name__}) routes tokens to experts with shapes found on the host "
+                    "(mixture of experts): a CUDA graph cannot replay them; the loop runs eager")
+    if not (torch.cuda.is_available() if cuda is None else cuda):
+        return "no CUDA device: the loop runs eager"
     devices = {p.device for p in model.parameters()} | {p.device for p in spec.head.parameters()}
     if any(d.type != "cuda" for d in devices):
         return (f"parameters on {sorted(str(d) for d in devices if d.type != 'cuda')} (accelerate offload): "
@@ -40,10 +45,6 @@ def capture_blockers(spec) -> str | None:
     if len(devices) > 1:
         return (f"the target is spread over {sorted(str(d) for d in devices)} (accelerate hooks across devices): "
                 "a CUDA graph holds one device's work only; the loop runs eager")
-    for name, module in model.named_modules():
-        if any(m in type(module).__name__ for m in MOE_MARKERS):
-            return (f"{name} ({type(module).__name__}) routes tokens to experts with shapes found on the host "
-                    "(mixture of experts): a CUDA graph cannot replay them; the loop runs eager")
     return None
 
 
@@ -78,6 +79,9 @@ def cycle_runner(fn: Callable, state: list[torch.Tensor], spec, enabled: bool) -
         try:
             return capture(fn, state), True, None
         except RuntimeError as exc:                   # a host read or sync inside the forward
-            torch.cuda.synchronize()
+            try:
+                torch.cuda.synchronize()
+            except RuntimeError:
+                pass
             reason = f"CUDA graph capture failed ({str(exc).splitlines()[0][:160]}); the loop runs eager"
     return fn, False, reason
