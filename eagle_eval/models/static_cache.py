@@ -78,8 +78,9 @@ class RowCache:
             self.keys.append(torch.zeros(shape(key), dtype=key.dtype, device=key.device))
             self.values.append(torch.zeros(shape(value), dtype=value.dtype, device=value.device))
         keys, values = self.keys[layer_idx][self._rows], self.values[layer_idx][self._rows]
-        _write(keys, self._slots, key)
-        _write(values, self._slots, value)
+        slots = self._slots.to(key.device)           # a layer accelerate placed elsewhere (a no-op otherwise)
+        _write(keys, slots, key)
+        _write(values, slots, value)
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -92,8 +93,9 @@ class RowCache:
         src = base[:, None] + path
         dst = block_slots(base, path.shape[1])
         for buf in self.keys + self.values:
-            picked = buf.gather(2, src[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3]))
-            _write(buf, dst, picked)
+            s, d = src.to(buf.device), dst.to(buf.device)
+            picked = buf.gather(2, s[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3]))
+            _write(buf, d, picked)
 
 
 class RowDraftCache:

@@ -20,6 +20,7 @@ row's accepted path into place (`RowCache.keep`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,8 @@ class BatchedRun:
     cuda_graphs: bool                      # True when the chain cycle ran as a replayed CUDA graph
     fallback: str | None = None            # why graphs were asked for and not used (one line)
     cycles: int = 0                        # batched cycles run (each one target forward of B rows)
+    prefill_s: float = 0.0                 # wall time spent admitting prompts (prefill, one row at a time)
+    capture_s: float = 0.0                 # wall time spent capturing the graph (warm-ups included)
 
 
 @dataclass
@@ -244,11 +247,13 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
         def fill(b: int) -> None:
             held[b] = None
             rows.active[b] = False
+            start = time.perf_counter()
             for i in queue:
                 results[i], alive = admit(spec, rows, capture, b, prompts[i], max_new_tokens, eos_ids)
                 if alive:
                     held[b] = i
-                    return
+                    break
+            run.prefill_s += time.perf_counter() - start
 
         for b in range(batch):
             fill(b)
@@ -259,8 +264,10 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
                 per_row = [(len(path) - 1, [t.tokens[i] for i in path[1:]] + [bonus]) for t, path, bonus in done]
             else:
                 if cycle is None:
+                    start = time.perf_counter()
                     cycle, run.cuda_graphs, run.fallback = graphed.cycle_runner(
                         lambda: chain_cycle(spec, rows, capture, num_steps), rows.state(), spec, cuda_graphs)
+                    run.capture_s = time.perf_counter() - start
                 accepted, new = (x.tolist() for x in cycle())
                 per_row = [(n, toks[: n + 1]) for n, toks in zip(accepted, new)]
             run.cycles += 1
