@@ -48,6 +48,18 @@ def evaluate(config: RunConfig, progress: bool = True) -> RunResult:
             folder.close()
 
 
+def _prefetched(oracle, prompts):
+    """oracle.decode, except that the first call decodes all `prompts` at once (Oracle.decode_many)."""
+    ready: dict = {}
+
+    def decode(prompt):
+        if not ready and prompts:
+            ready.update((p.id, r) for p, r in zip(prompts, oracle.decode_many(prompts)))
+            prompts.clear()
+        return ready.pop(prompt.id) if prompt.id in ready else oracle.decode(prompt)
+    return decode
+
+
 def _evaluate(config: RunConfig, folder, progress: bool) -> RunResult:
     from tqdm import tqdm
 
@@ -59,7 +71,10 @@ def _evaluate(config: RunConfig, folder, progress: bool) -> RunResult:
         done = resumed_rows(folder, workload) if config.resume else []
     finished = {s.id: s for s in done}
     samples = list(done)
-    for rec in tqdm(run_turns(workload, oracle.decode, finished), total=workload.pending(finished),
+    decode = oracle.decode
+    if config.batch_size > 1:         # first turns decoded together (later turns depend on the answers)
+        decode = _prefetched(oracle, [p for p in workload.first_prompts if p.id not in finished])
+    for rec in tqdm(run_turns(workload, decode, finished), total=workload.pending(finished),
                     desc="prompts", unit="prompt", disable=not progress):
         samples.append(rec)
         if folder is not None:

@@ -190,6 +190,11 @@ def main(ctx, debug):
               help="Also run plain greedy decoding and report the first divergence per prompt.")
 @click.option("--output-dir", default=None, help="Write report.json and samples.jsonl here.")
 @click.option("--resume", is_flag=True, default=False, help="Continue an interrupted run in --output-dir.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Prompts verified in one target forward, each with its own accepted length (first turns).")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
+              help="Replay the chain cycle as a CUDA graph where it can be captured (one GPU, no MoE); else "
+                   "eager, the reason in the report's config.loop.")
 def run(**kw):
     """Evaluate a head on a prompt set and print the per-position report."""
     from eagle_eval import api

@@ -65,6 +65,8 @@ class RunConfig:
     system_prompt: str | None = None
     enable_thinking: bool | None = None      # passed to the template as `enable_thinking` when not None
     train_acc: tuple[float, ...] | None = None   # acc_1..acc_k at training; None = the head folder's file
+    batch_size: int = 1                      # prompts verified in one target forward (speculative/batched.py)
+    cuda_graphs: bool = True                 # chain cycle replayed as a CUDA graph where it can be (GPU, one device, no MoE)
 
     def __post_init__(self):
         if self.num_steps < 1:
@@ -97,6 +99,8 @@ class RunConfig:
             object.__setattr__(self, "num_steps", self.eagle_depth + 1)
             object.__setattr__(self, "topk", self.eagle_top_k)
             object.__setattr__(self, "num_draft_tokens", self.eagle_total_token)
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.position_offset not in (0, 1):
             raise ConfigError(f"--position-offset must be 0 or 1, got {self.position_offset}")
         if self.resume and not self.output_dir:

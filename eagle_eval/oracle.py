@@ -84,8 +84,29 @@ class Oracle:
         cfg = self.config
         _, max_positions, extra, bound = self.limits()
         check_length(prompt, max_positions, extra, "the workload", bound)
+        if self.resolved["loop"]["cuda_graphs"]:
+            return self.decode_many([prompt], check_lossless)[0]
         d = speculative_decode(self.speculator, prompt.input_ids, cfg.num_steps, cfg.max_new_tokens,
                                self.eos_ids, cfg.topk, self.resolved["num_draft_tokens"])
+        return self._record(prompt, d, check_lossless)
+
+    def decode_many(self, prompts: list[Prompt], check_lossless: bool | None = None) -> list[SampleRecord]:
+        """`decode` of every prompt, `batch_size` rows verified in one forward (speculative/batched.py);
+        the chain cycle replayed as a CUDA graph when `resolved["loop"]["cuda_graphs"]`."""
+        from eagle_eval.speculative.batched import batched_decode
+        from eagle_eval.workload.data import check_length
+
+        cfg = self.config
+        _, max_positions, extra, bound = self.limits()
+        for prompt in prompts:
+            check_length(prompt, max_positions, extra, "the workload", bound)
+        run = batched_decode(self.speculator, [p.input_ids for p in prompts], cfg.num_steps, cfg.max_new_tokens,
+                             self.eos_ids, cfg.batch_size, cfg.topk, self.resolved["num_draft_tokens"],
+                             cuda_graphs=self.resolved["loop"]["cuda_graphs"])
+        return [self._record(p, d, check_lossless) for p, d in zip(prompts, run.decoded)]
+
+    def _record(self, prompt: Prompt, d, check_lossless: bool | None) -> SampleRecord:
+        cfg = self.config
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
                            output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
                            emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
@@ -98,6 +119,19 @@ class Oracle:
             rec.divergence = first_divergence(target, prompt.input_ids, d.output_ids, greedy)
             rec.lossless = rec.divergence is None
         return rec
+
+
+def loop_mode(config: RunConfig, spec: Speculator) -> dict:
+    """Which loop `decode` runs: the reference loop, or the batched one (batch_size > 1, or a chain whose
+    cycle can be replayed as a CUDA graph), and why graphs are not used when asked for."""
+    from eagle_eval.speculative.graphed import capture_blockers
+
+    reason = capture_blockers(spec) if config.cuda_graphs else "--no-cuda-graphs"
+    if config.cuda_graphs and reason is None and config.topk > 1:
+        reason = "trees (--topk > 1) draft on the host: only chains are captured"
+    graphs = config.cuda_graphs and reason is None
+    return {"batch_size": config.batch_size, "cuda_graphs": graphs, "cuda_graphs_reason": None if graphs else reason,
+            "loop": "batched" if graphs or config.batch_size > 1 else "reference"}
 
 
 def _eos_ids(tokenizer, model) -> set[int]:
@@ -209,6 +243,7 @@ def load_oracle(config: RunConfig) -> Oracle:
     resolved["sanity"] = [f.as_dict() for f in load_findings(target, loaded, aux, config, table_name)]
     spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf,
                       position_offset=config.position_offset)
+    resolved["loop"] = loop_mode(config, spec)
     return Oracle(config=config, speculator=spec, tokenizer=tokenizer,
                   eos_ids=_eos_ids(tokenizer, target.model), resolved=resolved, warnings=notes)
 

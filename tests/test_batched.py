@@ -161,3 +161,26 @@ def test_survivor_run_lengths_equal_the_dense_unroll(bundled, position_offset):
             assert runs[r, : len(s) - 1].tolist() == expected.tolist()
         if steps == 8:
             assert runs.max() >= 4                                   # long chains survived several steps
+
+
+def test_run_with_batch_size_equals_batch_one(tmp_path):
+    """`eagle-eval run --batch-size 3` (api.evaluate): the same samples and report as batch 1; the report
+    says which loop ran and why graphs did not (no CUDA device here)."""
+    from click.testing import CliRunner
+
+    from eagle_eval.cli import main
+
+    one = api.evaluate(RunConfig(max_new_tokens=16, limit=7), progress=False)
+    res = CliRunner().invoke(main, ["run", "--batch-size", "3", "--max-new-tokens", "16", "--limit", "7",
+                                    "--output-dir", str(tmp_path / "b3")])
+    assert res.exit_code == 0, res.output
+    import json
+    rows = [json.loads(line) for line in (tmp_path / "b3" / "samples.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["output_ids"], r["accepted_per_cycle"]) for r in rows] == \
+        [(s.id, s.output_ids, s.accepted_per_cycle) for s in one.samples]
+    report = json.loads((tmp_path / "b3" / "report.json").read_text())
+    assert report["summary"]["accept_length"] == one.report["summary"]["accept_length"]
+    loop = report["config"]["loop"]
+    assert loop["batch_size"] == 3 and loop["loop"] == "batched"
+    if not torch.cuda.is_available():
+        assert loop["cuda_graphs"] is False and loop["cuda_graphs_reason"].startswith("no CUDA device")
