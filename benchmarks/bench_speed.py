@@ -114,7 +114,8 @@ def profile_section(spec, prompts, max_steps, max_new, profiler_out=None):
            "mean_run_length": float(now[:, :-1].float().mean()), "run_lengths_equal_before": equal}
     if profiler_out is not None and torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile
-        for name, fn in (("before", step_before), ("now", lambda: prof.profile_batch(spec, items, max_steps, max_new, 0))):
+        now_fn = lambda: prof.profile_batch(spec, items, max_steps, max_new, 0)      # noqa: E731
+        for name, fn in (("before", step_before), ("now", now_fn)):
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
                 fn()
                 sync()
@@ -145,7 +146,8 @@ def loop_section(spec, prompts, num_steps, new, graphs):
         box = []
         t = timed(lambda g=g: box.append(batched_decode(spec, [p], num_steps, new, set(), 1, cuda_graphs=g)), reps=1)
         r = box[-1]
-        runs[name] = {"ms_per_cycle": (t - r.prefill_s - r.capture_s) / r.cycles * 1e3, "capture_s": r.capture_s, "cuda_graphs": r.cuda_graphs,
+        runs[name] = {"ms_per_cycle": (t - r.prefill_s - r.capture_s) / r.cycles * 1e3, "capture_s": r.capture_s,
+                      "cuda_graphs": r.cuda_graphs,
                       "fallback": r.fallback, "tokens": r.decoded[0].output_ids}
     cache = target.new_cache()
     ctx = len(p) + new // 2
@@ -168,7 +170,8 @@ def loop_section(spec, prompts, num_steps, new, graphs):
             "reference_ms_per_cycle": t_ref / ref_cycles * 1e3,
             "batched_b1_eager_ms_per_cycle": runs["eager"]["ms_per_cycle"],
             "graphed_ms_per_cycle": runs["graphed"]["ms_per_cycle"],
-            "graphed": runs["graphed"]["cuda_graphs"], "capture_s": runs["graphed"]["capture_s"], "graph_fallback": runs["graphed"]["fallback"],
+            "graphed": runs["graphed"]["cuda_graphs"], "capture_s": runs["graphed"]["capture_s"],
+            "graph_fallback": runs["graphed"]["fallback"],
             "decode_step_ms": t_decode * 1e3, "target_param_gib": params / 2**30,
             "decode_read_gib": active / 2**30, "copy_gb_s": bw,
             "decode_floor_ms": active / (bw * 1e9) * 1e3 if bw else None,
@@ -265,11 +268,13 @@ def table(results) -> str:
                  f"[{name}] plain batch-1 decode step           {lp['decode_step_ms']:>10.1f} ms"
                  + (f"   (weight-bandwidth floor {lp['decode_floor_ms']:.1f} ms)" if lp["decode_floor_ms"] else ""),
                  f"[{name}] graphed tokens == eager: {lp['graphed_tokens_equal_eager']}; batched == reference: "
-                 f"{lp['batched_tokens_equal_reference']} (first difference {lp['graphed_first_difference_from_reference']})"]
+                 f"{lp['batched_tokens_equal_reference']} "
+                 f"(first difference {lp['graphed_first_difference_from_reference']})"]
         if isinstance(r.get("batched"), dict):
             for b, x in r["batched"].items():
-                rows.append(f"[{name}] batched B={b:<3} {x['tokens_per_s']:>8.0f} tokens/s ({x['decode_tokens_per_s']:.0f} "
-                            f"without prefill and capture), {x['ms_per_cycle']:.1f} ms/cycle, graphs {x['cuda_graphs']}")
+                rows.append(f"[{name}] batched B={b:<3} {x['tokens_per_s']:>8.0f} tokens/s "
+                            f"({x['decode_tokens_per_s']:.0f} without prefill and capture), "
+                            f"{x['ms_per_cycle']:.1f} ms/cycle, graphs {x['cuda_graphs']}")
     sp = results.get("split")
     if isinstance(sp, dict):
         for b, x in sp["batched"].items():

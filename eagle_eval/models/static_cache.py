@@ -107,7 +107,8 @@ class RowDraftCache:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
 
-    def write(self, k: torch.Tensor, v: torch.Tensor, base: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(self, k: torch.Tensor, v: torch.Tensor, base: torch.Tensor,
+              rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """k/v [B', kv, T, d] at slots base[b] + t of `rows` -> those rows' whole buffers."""
         if self.keys is None:
             self.keys = torch.zeros(self.batch, k.shape[1], self.capacity, k.shape[3], dtype=k.dtype, device=k.device)
