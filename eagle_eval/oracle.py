@@ -211,6 +211,7 @@ class Oracle:
                 "max_position_embeddings")
 
     def decode(self, prompt: Prompt, check_lossless: bool = False) -> SampleRecord:
+        """The reference loop on one prompt."""
         from eagle_eval.workload.data import check_length
 
         r, max_new = self.resolved, self.settings.workload.max_new_tokens
@@ -218,6 +219,43 @@ class Oracle:
         check_length(prompt, max_positions, extra, "the workload", bound)
         d = speculative_decode(self.speculator, prompt.input_ids, r.num_steps, max_new, self.eos_ids, r.topk,
                                r.num_draft_tokens)
+        return self._record(prompt, d, check_lossless)
+
+    def loop_mode(self, batch_size: int = 1, cuda_graphs: bool = False) -> dict:
+        """Which loop `decode_many` runs: the reference loop, or the batched one (batch_size > 1, or a chain
+        whose cycle can be replayed as a CUDA graph), and why graphs are not used when asked for."""
+        from eagle_eval.speculative.graphed import capture_blockers
+
+        reason = capture_blockers(self.speculator) if cuda_graphs else "--no-cuda-graphs"
+        if cuda_graphs and reason is None and self.resolved.topk > 1:
+            reason = "trees (--topk > 1) draft on the host: only chains are captured"
+        if not self.settings.decoding.greedy:
+            reason = "sampling (--temperature > 0) runs the reference loop"
+        graphs = cuda_graphs and reason is None
+        batched = self.settings.decoding.greedy and (graphs or batch_size > 1)
+        return {"batch_size": batch_size, "cuda_graphs": graphs, "cuda_graphs_reason": None if graphs else reason,
+                "loop": "batched" if batched else "reference"}
+
+    def decode_many(self, prompts: list[Prompt], batch_size: int = 1, cuda_graphs: bool = False,
+                    check_lossless: bool = False) -> list[SampleRecord]:
+        """`decode` of every prompt, `batch_size` rows verified in one forward (speculative/batched.py), the
+        chain cycle replayed as a CUDA graph where `loop_mode` allows; the reference loop when it says so."""
+        from eagle_eval.speculative.batched import batched_decode
+        from eagle_eval.workload.data import check_length
+
+        mode = self.loop_mode(batch_size, cuda_graphs)
+        if mode["loop"] == "reference":
+            return [self.decode(p, check_lossless) for p in prompts]
+        r, max_new = self.resolved, self.settings.workload.max_new_tokens
+        _, max_positions, extra, bound = self.limits()
+        for prompt in prompts:
+            check_length(prompt, max_positions, extra, "the workload", bound)
+        run = batched_decode(self.speculator, [p.input_ids for p in prompts], r.num_steps, max_new, self.eos_ids,
+                             batch_size, r.topk, r.num_draft_tokens, cuda_graphs=mode["cuda_graphs"])
+        return [self._record(p, d, check_lossless) for p, d in zip(prompts, run.decoded)]
+
+    def _record(self, prompt: Prompt, d, check_lossless: bool) -> SampleRecord:
+        r, max_new = self.resolved, self.settings.workload.max_new_tokens
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
                            output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
                            emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))

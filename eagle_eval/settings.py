@@ -449,9 +449,17 @@ def _by_group(flat: dict) -> dict[str, dict]:
 
 @dataclass(frozen=True)
 class LoopOptions(Group):
-    """`run`: the reference loop's own options."""
+    """`run`: the loop's own options."""
     check_lossless: bool = opt(False, "Also run plain greedy decoding and report the first divergence per prompt.",
                                resumable=True)
+    batch_size: int = opt(1, "Prompts verified in one target forward, each with its own accepted length (first "
+                          "turns; speculative/batched.py).")
+    cuda_graphs: bool = opt(True, "Replay the chain cycle as a CUDA graph where it can be captured (one GPU, no MoE, "
+                            "chains, greedy); else the eager loop, the reason in the report's config.loop.",
+                            flag="--cuda-graphs", secondary="--no-cuda-graphs")
+
+    def validate(self):
+        _at_least(self.batch_size, 1, "--batch-size")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from eagle_eval.settings import REPO_ROOT
 
 
@@ -72,3 +74,19 @@ def test_deepseek_benchmark_fp8_copy_holds_fp8_and_its_loop_is_lossless():
     spec = make_oracle(fp8, head, 3, 12).speculator
     p = torch.randint(10, 512, (9,), generator=torch.Generator().manual_seed(3)).tolist()
     assert speculative_decode(spec, p, 3, 12, set()).output_ids == plain_greedy(spec.target, p, 12, set())
+
+
+@pytest.mark.slow
+def test_speed_benchmark_runs_tiny_and_its_comparisons_hold(tmp_path):
+    """bench_speed.py (issue 26) on the CPU, tiny DeepSeek-V3 shapes in fp32, the CPU-layer split included:
+    the profile's survivor drafting gives the dense unroll's run lengths, the batched loop the reference
+    loop's tokens, and the MoE target's graphs are refused with their reason."""
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_speed.py"), "--tiny", "--shapes", "deepseek",
+           "--split-cpu-layers", "1", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    res = json.loads((tmp_path / "bench_speed.json").read_text())["deepseek"]
+    assert res["profile"]["run_lengths_equal_before"] is True
+    assert res["loop"]["graphed_tokens_equal_eager"] and res["loop"]["batched_tokens_equal_reference"]
+    assert "experts" in res["capture_blocker"] and set(res["batched"]) == {"1", "4"}
+    split = json.loads((tmp_path / "bench_speed.json").read_text())["split"]
+    assert split["cpu_layers"] == [3] and split["batched_tokens_equal_reference"] is True

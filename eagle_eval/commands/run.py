@@ -30,8 +30,29 @@ class RunResult:
 
 def run_prompts(oracle: Oracle, workload: Workload, options: LoopOptions = LoopOptions(),
                 done: dict[str, SampleRecord] | None = None) -> Iterator[SampleRecord]:
-    """The loop over the workload's prompts (turn by turn), skipping the records in `done`."""
-    return run_turns(workload, lambda p: oracle.decode(p, options.check_lossless), done)
+    """The loop over the workload's prompts (turn by turn), skipping the records in `done`. With the batched
+    loop (`Oracle.loop_mode`), pending first turns are decoded together, CHUNK batches' worth at a time (so rows
+    reach samples.jsonl as chunks finish); later turns depend on the answers and are decoded one by one."""
+    mode = oracle.loop_mode(options.batch_size, options.cuda_graphs)
+    if mode["loop"] == "reference":
+        return run_turns(workload, lambda p: oracle.decode(p, options.check_lossless), done)
+    pending = [p for p in workload.first_prompts if p.id not in (done or {})]
+    index = {p.id: i for i, p in enumerate(pending)}
+    ready: dict[str, SampleRecord] = {}
+
+    def decode(prompt):
+        if prompt.id in index and prompt.id not in ready:
+            start = index[prompt.id]
+            chunk = pending[start: start + CHUNK * options.batch_size]
+            ready.update((p.id, r) for p, r in zip(chunk, oracle.decode_many(
+                chunk, options.batch_size, options.cuda_graphs, options.check_lossless)))
+        if prompt.id in ready:
+            return ready.pop(prompt.id)
+        return oracle.decode_many([prompt], 1, options.cuda_graphs, options.check_lossless)[0]
+    return run_turns(workload, decode, done)
+
+
+CHUNK = 8          # batches of first turns decoded per call of the batched loop
 
 
 def evaluate(settings: Settings, options: LoopOptions = LoopOptions(), progress: bool = True,
@@ -63,7 +84,9 @@ def _evaluate(settings: Settings, options: LoopOptions, folder, progress: bool, 
         samples.append(rec)
         if folder is not None:
             folder.append_row("samples.jsonl", rec.to_json())
-    report = build_report({**settings.flat(), **options.as_dict()}, oracle.resolved, workload.resolved, samples,
+    loop = oracle.loop_mode(options.batch_size, options.cuda_graphs)
+    report = build_report({**settings.flat(), **options.as_dict(), "loop": loop}, oracle.resolved, workload.resolved,
+                          samples,
                           oracle.warnings + workload.warnings, settings.decoding.seed,
                           sample_prompt=workload.sample_prompt)
     if folder is not None:

@@ -2,8 +2,9 @@
 
 Contract: given the target's greedy continuation of a prompt (generated here in batches, or read
 from a responses file and checked against the target's own argmax), ONE target forward over
-prompt + continuation yields the aux features; `draft.unroll_chains` then runs the draft chain from
-every start pair at once, giving the run length r_p of consecutive correct drafts from each start.
+prompt + continuation yields the aux features; `run_lengths.chain_run_lengths` then runs the draft chain
+from every start pair at once (the pattern of `draft.unroll_chains`, only the steps that can still count),
+giving the run length r_p of consecutive correct drafts from each start.
 Because the draft state at a cycle start depends only on the verified prefix (EAGLE3.md section 4),
 walking the cycles over r_p reproduces the reference loop exactly, for every S <= max_steps.
 
@@ -20,7 +21,8 @@ import torch
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.results.records import Prompt
 from eagle_eval.speculative.chain import Decoded, Speculator, _emit
-from eagle_eval.speculative.draft import TreePools, unroll_chains, unroll_trees
+from eagle_eval.speculative.draft import TreePools, unroll_trees
+from eagle_eval.speculative.run_lengths import chain_run_lengths
 from eagle_eval.speculative.tree import pool_size
 
 
@@ -167,13 +169,13 @@ def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_s
         aux = cap.pop()                                                        # [B, W, k*H_t]
     ids = ids.to(device)
     argmax = logits.argmax(-1).to(device)
-    steps = unroll_chains(head, aux[:, :-1], spec.embed(ids[:, 1:]), max_steps, spec.position_offset,
-                          argmax_only=True)
-    preds = torch.stack(steps, dim=1)                                                # [B, K, W-1]
+    lengths = torch.tensor([len(s) for s in seqs], device=device)
+    runs = chain_run_lengths(head, aux[:, :-1], spec.embed(ids[:, 1:]), ids, lengths, max_steps,
+                             spec.position_offset)                                   # [B, W-1]
     results = []
     for row, (prompt, cont) in enumerate(items):
         t = len(prompt.input_ids)
-        r = run_lengths_from_predictions(preds[row, :, : len(seqs[row]) - 1], ids[row, : len(seqs[row])])
+        r = runs[row, : len(seqs[row]) - 1]
         # r_p for the roots x_T.. : start pair p = T - 1 + k
         res = Profiled(prompt=prompt, continuation=cont, run_lengths=r[t - 1: t - 1 + max_new_tokens].tolist(),
                        divergence=_check_greedy(argmax[row], ids[row], logits[row], t, len(seqs[row])))

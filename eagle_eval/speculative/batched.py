@@ -1,0 +1,286 @@
+"""The speculative loop over many prompts at once: B rows verified in one target forward.
+
+Contract: `batched_decode` returns, for every prompt, the `Decoded` that `chain.speculative_decode`
+returns for it alone (tokens, accepted drafts per cycle, emitted tokens per cycle, tree fields), up
+to floating-point near-ties: every row computes the same per-token math as the reference loop, only
+batched with other rows. Each row has its own cache length (models/static_cache.py: one length per
+row, rollback = setting it; no holes, no copies for a chain), its own positions and its own accepted
+length; a row whose prompt is finished is refilled with the next prompt (prefill of that row alone)
+before the next cycle. Rows with no prompt left compute garbage that nothing reads and never advance.
+
+One chain cycle (`chain_cycle`) is device work only, with fixed shapes, so speculative/graphed.py can
+capture it as one CUDA graph: S draft steps per row, one verify forward of [B, S+1], greedy acceptance
+on the device (`accept_chains`, the one acceptance decision, = speculative.policy.greedy_accept per
+row), the draft re-run over a fixed S+1 pairs per row of which the first n+1 are real (the rest land
+past the row's length and are overwritten). Trees (`tree_cycle`) draft each row's tree on the host
+exactly as the reference does (`DraftState.propose_tree` over the row's cache), then verify all rows'
+D nodes in one forward with per-row ancestor masks, accept with `tree.accept_path`, and move each
+row's accepted path into place (`RowCache.keep`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle_eval.models.capture import FeatureCapture
+from eagle_eval.models.static_cache import RowCache, RowDraftCache, block_slots, block_visible
+from eagle_eval.speculative.chain import Decoded, Speculator, _emit
+from eagle_eval.speculative.draft import DraftState
+from eagle_eval.speculative.tree import Tree, accept_path, select_tree
+
+
+class BatchError(ValueError):
+    """A target the batched loop cannot run (sliding-window KV layers)."""
+
+
+@dataclass
+class BatchedRun:
+    decoded: list[Decoded]                 # in prompt order
+    cuda_graphs: bool                      # True when the chain cycle ran as a replayed CUDA graph
+    fallback: str | None = None            # why graphs were asked for and not used (one line)
+    cycles: int = 0                        # batched cycles run (each one target forward of B rows)
+    prefill_s: float = 0.0                 # wall time spent admitting prompts (prefill, one row at a time)
+    capture_s: float = 0.0                 # wall time spent capturing the graph (warm-ups included)
+
+
+@dataclass
+class Rows:
+    """The device state of the B rows between cycles (static buffers: a captured graph reads them)."""
+    target_cache: RowCache
+    draft_cache: RowDraftCache
+    root: torch.Tensor                     # [B] the last verified token of each row (target ids)
+    last_out: torch.Tensor                 # [B, 1, H] the head's out at each row's last real pair
+    active: torch.Tensor                   # [B] bool: the row holds a prompt that is not finished
+    host_len: list[int] = field(default_factory=list)   # lengths as the host knows them (both caches)
+
+    def state(self) -> list[torch.Tensor]:
+        """The tensors a cycle changes besides cache slots past the lengths."""
+        return [self.target_cache.lengths, self.draft_cache.lengths, self.root, self.last_out]
+
+
+def accept_chains(drafts: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """Greedy acceptance of every row (the decision a decode policy will own): drafts [B, S], target
+    argmax [B, S+1] -> accepted drafts [B], d_i accepted while it equals the argmax at node i-1.
+
+    >>> accept_chains(torch.tensor([[5, 7, 9], [1, 2, 3]]), torch.tensor([[5, 7, 1, 4], [0, 2, 3, 3]])).tolist()
+    [2, 0]
+    """
+    return (drafts == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+
+
+def draft_block(spec: Speculator, cache: RowDraftCache, embeds: torch.Tensor, hidden: torch.Tensor,
+                base: torch.Tensor, rows: slice = slice(None), position_offset: int = 0) -> torch.Tensor:
+    """The head's `step` over a block of T pairs per row, written at slots base[b] + t, causal within
+    the block, full over the row's first base[b] slots: embeds/hidden [B', T, H] -> out [B', T, H]."""
+    head = spec.head
+    attn = head.attention
+    u, residual = head.attention_input(embeds, hidden)
+    t = u.shape[1]
+    q, k, v = attn.project(u, *head.rope(block_slots(base, t) + position_offset))
+    keys, values = cache.write(k, v, base, rows)
+    return head.finish(residual, attn.attend(q, keys, values, block_visible(base, t, cache.capacity, None)))
+
+
+def propose_chains(spec: Speculator, rows: Rows, num_steps: int) -> torch.Tensor:
+    """Each row's greedy chain of S drafts from its last real pair -> [B, S] target ids; the S-1
+    speculative KV entries go past the row's length (DraftState.propose_chain, every row at once)."""
+    head, out, base = spec.head, rows.last_out, rows.draft_cache.lengths
+    drafts = []
+    for k in range(1, num_steps + 1):
+        token = head.to_target_ids(head.logits(out)[:, -1].argmax(-1))              # [B]
+        drafts.append(token)
+        if k == num_steps:
+            break
+        out = draft_block(spec, rows.draft_cache, spec.embed(token[:, None]), out, base + (k - 1),
+                          position_offset=spec.position_offset)
+    return torch.stack(drafts, dim=1)
+
+
+def chain_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps: int):
+    """One chain cycle of every row, device work only -> (accepted [B], new tokens [B, S+1]: row b's
+    first accepted[b] + 1 are its accepted drafts and the bonus). Advances the active rows' state."""
+    target, head, device = spec.target, spec.head, spec.draft_device
+    drafts = propose_chains(spec, rows, num_steps)                                  # [B, S]
+    ids = torch.cat([rows.root[:, None], drafts], dim=1)                            # [B, S+1]
+    positions, mask = rows.target_cache.begin(num_steps + 1, target.model.dtype)
+    logits = target.forward(ids, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
+    aux = capture.pop()                                                             # [B, S+1, k*H_t]
+    argmax = logits.argmax(-1).to(device)                                           # [B, S+1]
+    accepted = accept_chains(drafts, argmax) * rows.active
+    bonus = argmax.gather(1, accepted[:, None])                                     # [B, 1]
+    new = torch.cat([drafts, bonus], dim=1).scatter(1, accepted[:, None], bonus)    # [B, S+1]
+    advance = (accepted + 1) * rows.active
+    rows.target_cache.lengths += advance.to(rows.target_cache.lengths.device)
+    out = draft_block(spec, rows.draft_cache, spec.embed(new), head.fuse(aux), rows.draft_cache.lengths)
+    rows.draft_cache.lengths += advance
+    picked = out.gather(1, accepted[:, None, None].expand(-1, 1, out.shape[-1]))   # [B, 1, H]
+    rows.last_out.copy_(torch.where(rows.active[:, None, None], picked, rows.last_out))
+    rows.root.copy_(torch.where(rows.active, bonus[:, 0], rows.root))
+    return accepted, new
+
+
+class _RowDraft:
+    """One row of the draft cache seen as the `DraftState` that `propose_tree` reads (real pairs only)."""
+
+    def __init__(self, spec: Speculator, rows: Rows, b: int):
+        n = rows.host_len[b]
+        self.head, self.embed, self.position_offset = spec.head, spec.embed, spec.position_offset
+        self.cache = type("RowView", (), {"keys": rows.draft_cache.keys[b:b + 1, :, :n],
+                                          "values": rows.draft_cache.values[b:b + 1, :, :n]})()
+        self.real_len, self.last_out = n, rows.last_out[b:b + 1]
+
+
+def tree_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps: int, topk: int,
+               num_draft_tokens: int) -> list[tuple[Tree, list[int], int]]:
+    """One tree cycle of every row -> per row (tree, accepted path, bonus); inactive rows verify a
+    dummy chain and do not advance. Advances the active rows' state."""
+    target, head, device = spec.target, spec.head, spec.draft_device
+    batch, width, d = rows.root.shape[0], num_steps + 1, num_draft_tokens
+    active = rows.active.tolist()
+    roots = rows.root.tolist()
+    trees = [select_tree(DraftState.propose_tree(_RowDraft(spec, rows, b), num_steps, topk), roots[b], d)
+             if active[b] else Tree([roots[b]] * d, [-1] + list(range(d - 1)), list(range(d)), [0] * d)
+             for b in range(batch)]
+    ids = torch.tensor([t.tokens for t in trees], device=device)                    # [B, D]
+    intra = torch.stack([t.mask() for t in trees])                                  # [B, D, D]
+    base = rows.target_cache.lengths.clone()
+    positions, mask = rows.target_cache.begin(d, target.model.dtype, intra=intra,
+                                              depths=torch.tensor([t.depths for t in trees]))
+    logits = target.forward(ids, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
+    aux = capture.pop()                                                             # [B, D, k*H_t]
+    argmax = logits.argmax(-1).tolist()
+    out_rows, paths, new = [], [], []
+    for b, tree in enumerate(trees):
+        path = accept_path(tree, argmax[b]) if active[b] else [0]
+        bonus = argmax[b][path[-1]]
+        out_rows.append((tree, path, bonus))
+        paths.append(path + [path[-1]] * (width - len(path)))
+        new.append([tree.tokens[i] for i in path[1:]] + [bonus] * (width - len(path) + 1))
+    path_t = torch.tensor(paths, device=base.device)                                # [B, S+1]
+    kept = torch.tensor([len(p) if a else 0 for (_, p, _), a in zip(out_rows, active)])
+    rows.target_cache.keep(path_t, base)
+    rows.target_cache.lengths.copy_(base + kept.to(base.device))
+    feats = aux.gather(1, path_t.to(aux.device)[..., None].expand(-1, -1, aux.shape[-1]))
+    out = draft_block(spec, rows.draft_cache, spec.embed(torch.tensor(new, device=device)), head.fuse(feats),
+                      rows.draft_cache.lengths)
+    rows.draft_cache.lengths += kept.to(device)
+    last = (kept - 1).clamp(min=0).to(device)
+    picked = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))
+    rows.last_out.copy_(torch.where(rows.active[:, None, None], picked, rows.last_out))
+    rows.root.copy_(torch.where(rows.active, torch.tensor([r[2] for r in out_rows], device=device), rows.root))
+    return out_rows
+
+
+def new_rows(spec: Speculator, batch: int, capacity: int) -> Rows:
+    """Empty rows: no prompt, lengths 0."""
+    target, device = spec.target, spec.draft_device
+    if target.info.sliding_window is not None:
+        raise BatchError(f"the batched loop needs full-attention KV layers; this target has sliding-window layers "
+                         f"(window {target.info.sliding_window}): run it with --batch-size 1")
+    hidden = spec.head.config.hidden_size
+    return Rows(target_cache=RowCache(batch, capacity, target.input_device),
+                draft_cache=RowDraftCache(batch, capacity, device),
+                root=torch.zeros(batch, dtype=torch.long, device=device),
+                last_out=torch.zeros(batch, 1, hidden, dtype=spec.head.lm_head.weight.dtype, device=device),
+                active=torch.zeros(batch, dtype=torch.bool, device=device), host_len=[0] * batch)
+
+
+def admit(spec: Speculator, rows: Rows, capture: FeatureCapture, b: int, prompt_ids: list[int],
+          max_new_tokens: int, eos_ids: set[int]) -> tuple[Decoded, bool]:
+    """Prefill row b with a prompt (that row alone) -> (its Decoded so far, whether it needs cycles)."""
+    target, head, device = spec.target, spec.head, spec.draft_device
+    out = Decoded()
+    rows.active[b] = False
+    if max_new_tokens <= 0:
+        return out, False
+    one = slice(b, b + 1)
+    rows.target_cache.lengths[b] = 0
+    prompt = torch.tensor([prompt_ids], device=device)                             # [1, T]
+    positions, mask = rows.target_cache.begin(len(prompt_ids), target.model.dtype, rows=one)
+    logits = target.forward(prompt, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
+    aux = capture.pop()                                                             # [1, T, k*H_t]
+    first = int(logits[0, -1].argmax())
+    out.output_ids.append(first)
+    if first in eos_ids or max_new_tokens == 1:
+        return out, False
+    nxt = torch.cat([prompt[:, 1:], torch.tensor([[first]], device=device)], dim=1)
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    last = draft_block(spec, rows.draft_cache, spec.embed(nxt), head.fuse(aux), zero, rows=one)
+    n = len(prompt_ids)
+    rows.target_cache.lengths[b] = n
+    rows.draft_cache.lengths[b] = n
+    rows.host_len[b] = n
+    rows.last_out[b] = last[0, -1:]
+    rows.root[b] = first
+    rows.active[b] = True
+    return out, True
+
+
+def capacity_for(prompts: list[list[int]], max_new_tokens: int, num_steps: int, num_draft_tokens: int) -> int:
+    """Slots a row needs: the longest prompt, the new tokens, one verify block past the end."""
+    return max(len(p) for p in prompts) + max_new_tokens + max(num_steps + 1, num_draft_tokens) + 1
+
+
+@torch.no_grad()
+def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, max_new_tokens: int,
+                   eos_ids: set[int], batch_size: int, topk: int = 1, num_draft_tokens: int | None = None,
+                   tree: bool | None = None, cuda_graphs: bool = False) -> BatchedRun:
+    """`speculative_decode` of every prompt, `batch_size` rows at a time (see the module contract).
+    cuda_graphs: replay the chain cycle as a CUDA graph where speculative/graphed.py can capture it
+    (else eager, the reason in `fallback`)."""
+    from eagle_eval.speculative import graphed
+
+    use_tree = topk > 1 if tree is None else tree
+    d = num_draft_tokens or num_steps + 1
+    results: list[Decoded | None] = [None] * len(prompts)
+    run = BatchedRun(results, cuda_graphs=False)
+    if not prompts:
+        return run
+    batch = max(1, min(batch_size, len(prompts)))
+    rows = new_rows(spec, batch, capacity_for(prompts, max_new_tokens, num_steps, d))
+    held: list[int | None] = [None] * batch           # the prompt each row holds
+    queue = iter(range(len(prompts)))
+    with FeatureCapture(spec.target.layers, spec.aux_hf, spec.draft_device) as capture:
+        def fill(b: int) -> None:
+            held[b] = None
+            rows.active[b] = False
+            start = time.perf_counter()
+            for i in queue:
+                results[i], alive = admit(spec, rows, capture, b, prompts[i], max_new_tokens, eos_ids)
+                if alive:
+                    held[b] = i
+                    break
+            run.prefill_s += time.perf_counter() - start
+
+        for b in range(batch):
+            fill(b)
+        cycle = None
+        while any(h is not None for h in held):
+            if use_tree:
+                done = tree_cycle(spec, rows, capture, num_steps, topk, d)
+                per_row = [(len(path) - 1, [t.tokens[i] for i in path[1:]] + [bonus]) for t, path, bonus in done]
+            else:
+                if cycle is None:
+                    start = time.perf_counter()
+                    cycle, run.cuda_graphs, run.fallback = graphed.cycle_runner(
+                        lambda: chain_cycle(spec, rows, capture, num_steps), rows.state(), spec, cuda_graphs)
+                    run.capture_s = time.perf_counter() - start
+                accepted, new = (x.tolist() for x in cycle())
+                per_row = [(n, toks[: n + 1]) for n, toks in zip(accepted, new)]
+            run.cycles += 1
+            for b, (n, tokens) in enumerate(per_row):
+                if held[b] is None:
+                    continue
+                out = results[held[b]]
+                rows.host_len[b] += n + 1
+                out.accepted_per_cycle.append(n)
+                if use_tree:
+                    t, path, _ = done[b]
+                    out.off_top1_per_cycle.append(not t.on_top1_chain(path))
+                    out.tree_shape_per_cycle.append([t.depths.count(k) for k in range(1, max(t.depths) + 1)])
+                if _emit(out, tokens, max_new_tokens, eos_ids):
+                    fill(b)
+    return run
