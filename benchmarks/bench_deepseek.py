@@ -1,5 +1,5 @@
 """GPU benchmark: a DeepSeek-V3-shaped target (MLA + MoE at full width, a few layers, random bf16
-weights) with a Llama-style EAGLE-3 head of the same width, on one H200 (issue 16).
+weights) with a Llama-style EAGLE-3 head of the same width, on one H200.
 
 Measures, side by side in one process:
   forward   a plain teacher-forced forward of 4096 tokens, and one batch-1 decode step (plain greedy),

@@ -1,6 +1,6 @@
 """GPU benchmark: a Llama-3.1-8B-shaped target and an 8B-shaped EAGLE-3 head, random bf16 weights.
 
-Measures, side by side in one process (EAGLE3.md, issues 2-4):
+Measures, side by side in one process (docs/eagle3.md, issues 2-4):
   loop     plain greedy decode time per token; the reference loop's time per cycle; the sum of its
            parts (one verify forward of S+1 tokens + S draft steps); overhead = cycle / parts - 1
   split    the same loop with the target split over 2 GPUs (accelerate device_map); tokens must equal

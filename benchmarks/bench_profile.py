@@ -1,4 +1,4 @@
-"""Profile vs the reference loop, side by side in one run (issue 3), on any target + head (CPU or GPU).
+"""Profile vs the reference loop, side by side in one run, on any target + head (CPU or GPU).
 
     python benchmarks/bench_profile.py                      # the bundled pair on the bundled prompts
     python benchmarks/bench_profile.py --target DIR --draft DIR --prompts FILE --max-steps 8

@@ -1,4 +1,4 @@
-"""GPU speed (issue 26): the profile against a plain forward, the graph-captured loop against the eager
+"""GPU speed: the profile against a plain forward, the graph-captured loop against the eager
 one and the decode floor, and many prompts at once, side by side in one process, on both benchmark
 shapes (bench_gpu.py's Llama-3.1-8B shape, bench_deepseek.py's DeepSeek-V3 width with a few layers).
 

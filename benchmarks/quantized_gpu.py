@@ -1,4 +1,4 @@
-"""GPU check of a block-wise FP8 DeepSeek-V3-architecture target kept FP8 on the GPU (issue 16).
+"""GPU check of a block-wise FP8 DeepSeek-V3-architecture target kept FP8 on the GPU.
 
 Builds the tiny FP8 target of tests/quant_fixtures.py (float8_e4m3fn weights + weight_scale_inv per
 16x16 block, as DeepSeek-V3 / Kimi-K2 ship them), loads it on cuda:0 through eagle-eval's load_target

@@ -280,7 +280,7 @@ ACCEPT_RULES = ("vllm", "vllm-probabilistic", "sglang", "sglang-rs", "eagle")
 @dataclass(frozen=True)
 class DecodingSettings(Group):
     """How tokens are chosen: the target's distribution after temperature and filters, and the engine's rule
-    for verifying drafts against it (EAGLE3.md section 8). Temperature 0 is greedy under every rule."""
+    for verifying drafts against it (docs/eagle3.md section 8). Temperature 0 is greedy under every rule."""
     temperature: float = opt(0.0, "Sampling temperature of the target (0 = greedy: argmax, every rule the same).")
     top_k: int = opt(0, "Keep the k most likely target tokens before sampling (0 = off).")
     top_p: float = opt(1.0, "Keep the smallest set of target tokens whose probability reaches p (1 = off).")

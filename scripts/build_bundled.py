@@ -32,7 +32,7 @@ and weaker, like the positions past a real head's training depth. draft-alt trai
 well-trained head, so what the demonstration shows is the wiring, not the head). The target's layers
 are alike (every HF[1..7] carries part of the next-token prediction: logit-lens agreement 0.35 at
 HF[1] to 0.82 at HF[7]), so an off-by-one id costs little; the slot shift with the embedding in front
-removes the top layer and costs the most, as in the deployment that issue 5 retells.
+removes the top layer and costs the most, as in the deployments the project was started for.
 
 Determinism: every random choice flows from the seeds below (`random.Random`, `torch.manual_seed`,
 a seeded `torch.Generator`). Runs with 1 and 2 threads gave bit-identical targets; another CPU
@@ -272,7 +272,7 @@ class HeadBatch:
 
 
 def aux_hf_default(num_layers: int) -> tuple[int, int, int]:
-    """HF[2], HF[N//2], HF[N-3] (EAGLE3.md section 1)."""
+    """HF[2], HF[N//2], HF[N-3] (docs/eagle3.md section 1)."""
     return 2, num_layers // 2, num_layers - 3
 
 

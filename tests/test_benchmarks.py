@@ -78,7 +78,7 @@ def test_deepseek_benchmark_fp8_copy_holds_fp8_and_its_loop_is_lossless():
 
 @pytest.mark.slow
 def test_speed_benchmark_runs_tiny_and_its_comparisons_hold(tmp_path):
-    """bench_speed.py (issue 26) on the CPU, tiny DeepSeek-V3 shapes in fp32, the CPU-layer split included:
+    """bench_speed.py on the CPU, tiny DeepSeek-V3 shapes in fp32, the CPU-layer split included:
     the profile's survivor drafting gives the dense unroll's run lengths, the batched loop the reference
     loop's tokens, and the MoE target's graphs are refused with their reason."""
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_speed.py"), "--tiny", "--shapes", "deepseek",

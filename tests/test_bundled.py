@@ -66,7 +66,7 @@ def test_bundled_profile_equals_loop():
 
 def test_alt_head_collapses_with_the_deployment_bug_layers_and_diagnose_names_its_own(tmp_path):
     """draft-alt was trained on SGLang ids [0, 3, 6]. Fed [-1, 0, 3] (the list shifted one slot with the
-    embedding in front, the deployment story of issue 5) it loses most of its acceptance, and diagnose
+    embedding in front, the deployment story) it loses most of its acceptance, and diagnose
     (its first look, 8 prompts) calls the mismatch and recommends the trained layers."""
     alt = str(REPO_ROOT / "checkpoints" / "draft-alt")
     own = api.evaluate(Settings.of(draft=alt, limit=8), progress=False).report

@@ -1,4 +1,4 @@
-"""The three-way rule of diagnose (issue 14), on simulated per-prompt counts: the sequential looks keep
+"""The three-way rule of diagnose, on simulated per-prompt counts: the sequential looks keep
 each error rate within the stated alpha (Bonferroni over looks and candidates), and decide real effects."""
 
 import random

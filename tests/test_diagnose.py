@@ -1,4 +1,4 @@
-"""`eagle-eval diagnose` (issue 5): shifted aux layers found and named, training dumps matched to HF
+"""`eagle-eval diagnose`: shifted aux layers found and named, training dumps matched to HF
 indices, untrained weights and bad vocab maps flagged, stable sweep ranking, CLI exit status."""
 
 import json

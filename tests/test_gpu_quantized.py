@@ -1,4 +1,4 @@
-"""A block-FP8 DeepSeek-V3-architecture target held FP8 on a real GPU (issue 16); skipped without CUDA.
+"""A block-FP8 DeepSeek-V3-architecture target held FP8 on a real GPU; skipped without CUDA.
 
 On a GPU transformers keeps FP8 checkpoints FP8 (FP8Linear / FP8Experts). Where its FP8 kernel does not
 load (offline: no `kernels` package, no Hub) `--fp8-matmul auto` runs eagle-eval's dequantizing matmul;

@@ -1,4 +1,4 @@
-"""The graph-captured and batched loops on a real GPU (issue 26); skipped without CUDA.
+"""The graph-captured and batched loops on a real GPU; skipped without CUDA.
 
 In fp32 on the bundled pair: the chain cycle replayed as a CUDA graph gives the eager batched loop's
 tokens and acceptance, and both equal the reference loop's, at batch 1 and batch 4; a MoE target falls

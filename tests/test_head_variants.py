@@ -1,4 +1,4 @@
-"""Head variants (issue 16): norm_before_fc, EAGLE-3.1 fc_norm / norm_output, interleaved and llama3-scaled
+"""Head variants: norm_before_fc, EAGLE-3.1 fc_norm / norm_output, interleaved and llama3-scaled
 RoPE, boundary aux ids. Per variant: strict loading, the draft forward against a plain re-implementation
 of the formulas written here, the loop lossless vs plain greedy, and the profile equal to the loop."""
 
@@ -38,7 +38,7 @@ def random_head(path, dialect="specforge", seed=0, **kw):
     return path
 
 
-# -- the formulas, written out (EAGLE3.md section 2, the variants of models/heads/config.py) -----------
+# -- the formulas, written out (docs/eagle3.md section 2, the variants of models/heads/config.py) -----------
 
 def rms(x, w, eps=1e-6):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))

@@ -188,7 +188,7 @@ def test_fingerprints_follow_contents_not_spelling(tmp_path):
     assert rf.fingerprint(tmp_path / "a") != rf.fingerprint(tmp_path / "b")
 
 
-# --overwrite deletes only what eagle-eval wrote: planted and edited owner files (issue: trustworthy in careless hands)
+# --overwrite deletes only what eagle-eval wrote: planted and edited owner files
 
 def _planted(tmp_path, files: dict) -> Path:
     """A folder whose owner file (copied from elsewhere or edited) lists `files`."""

@@ -3,7 +3,7 @@
 Contract: a variant is the base oracle with some settings changed (`--vary FIELD=VALUE`, through
 `oracle.with_`, so the target and the head load once unless a variant changes a model setting); each
 variant costs one profile, which gives every num_steps <= max_steps at once. The speedup model is
-EAGLE3.md section 5: S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), with c and r(k) timed on the
+docs/eagle3.md section 5: S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), with c and r(k) timed on the
 current device (`measure_costs`) or given. Its CSV and PNG writers live in `results/` like every other writer.
 """
 

@@ -1,4 +1,4 @@
-"""Aux-layer sweep: acceptance for the configured taps and for the taps real wiring bugs produce (issue 5, item 2).
+"""Aux-layer sweep: acceptance for the configured taps and for the taps real wiring bugs produce.
 
 Contract: `candidates` lists the layer sets to try (the configured one first, then the draft
 config's ids when --aux-layers overrides them, a training dump's layers, every id +1 and -1 (the ids

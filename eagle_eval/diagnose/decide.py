@@ -1,4 +1,4 @@
-"""Three-way decisions for diagnose's comparisons: mismatch, consistent or inconclusive (issue 14).
+"""Three-way decisions for diagnose's comparisons: mismatch, consistent or inconclusive.
 
 Contract (pure functions, no torch):
   * `position_counts` turns one prompt's teacher-forced run lengths into (sum of min(r_k, S) + 1,

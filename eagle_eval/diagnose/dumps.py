@@ -1,4 +1,4 @@
-"""Training hidden-state dumps: read them and say which target tensor each dumped block is (issue 5, item 3).
+"""Training hidden-state dumps: read them and say which target tensor each dumped block is.
 
 Contract: `read_dump` accepts
   * SpecForge's offline hidden-state files: `scripts/prepare_hidden_states.py` in sgl-project/SpecForge
@@ -83,7 +83,7 @@ class DumpMatch:
 
 
 def describe_hf(i: int, num_layers: int) -> str:
-    """HF index in words (EAGLE3.md section 1).
+    """HF index in words (docs/eagle3.md section 1).
 
     >>> describe_hf(3, 8), describe_hf(0, 8), describe_hf(8, 8)
     ('HF[3] = output of layer 2', 'HF[0] = embedding output', 'HF[8] = final norm output')

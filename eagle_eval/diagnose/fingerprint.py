@@ -1,5 +1,4 @@
-"""Fingerprints of the aux features: first values and norms per token, for comparing with a server by eye
-(issue 5, item 4).
+"""Fingerprints of the aux features: first values and norms per token, for comparing with a server by eye.
 
 Contract: `fingerprint` runs the target on the first tokens of one prompt (features at t depend only
 on tokens <= t) and keeps, for each aux tap HF[i] the evaluation feeds, the L2 norm and the first

@@ -1,4 +1,4 @@
-"""`eagle-eval diagnose`: find train/serve mismatches before anyone benchmarks a server (issue 5).
+"""`eagle-eval diagnose`: find train/serve mismatches before anyone benchmarks a server.
 
 Contract: `diagnose(settings, options)` loads the target and head once, then
   1. collects the load-time findings (`sanity`, computed by `load_oracle`) and the draft vocab's
@@ -9,7 +9,7 @@ Contract: `diagnose(settings, options)` loads the target and head once, then
   4. compares acceptance with the tokenizer's chat template, raw prompts and a --chat-template FILE;
   5. optionally fingerprints the aux features of the first prompt tokens.
 Prompts: the first turns of the workload (cut to --limit when given), profiled in looks of 8, 16,
-32, ... up to --prompt-budget; the sweep stops at the first look that decides (issue 14).
+32, ... up to --prompt-budget; the sweep stops at the first look that decides.
 Returns a `Diagnosis` (report dict + findings); exit status 1 when any finding is an error or undecided.
 """
 
@@ -125,7 +125,7 @@ def _sweep_report(rows, seq: decide.Sequence, oracle, budget: int) -> dict:
 
 
 def diagnose(settings, dcfg: DiagnoseOptions = DiagnoseOptions(), progress: bool = False, oracle=None) -> Diagnosis:
-    """Every check of issue 5 on one loaded target + head (see the module docstring); --output-dir is
+    """Every check on one loaded target + head (see the module docstring); --output-dir is
     owned by this run (results/run_folder.py); `oracle`: one already loaded for `settings` (tests reuse it)."""
     from eagle_eval.commands.folder import open_folder
 

@@ -1,5 +1,5 @@
 """Chat-template check: acceptance with the configured prompt format, the tokenizer's chat template and
-raw prompts (issue 5, item 5), judged three ways like the aux sweep (issue 14).
+raw prompts, judged three ways like the aux sweep.
 
 Contract: `template_check(oracle)` renders the same questions with each format (`variants`: the oracle
 through `with_`, only the prompt format changed), profiles each one on its own greedy continuations (the

@@ -1,6 +1,6 @@
 """Which target tensors feed the draft, and capturing them with forward hooks.
 
-Contract: `resolve_aux_layers` is THE one place where aux-layer ids become tensors (EAGLE3.md
+Contract: `resolve_aux_layers` is THE one place where aux-layer ids become tensors (docs/eagle3.md
 section 1). Internally everything is an HF index i (`HF[i]` = output_hidden_states[i] = input of
 decoder layer i, 0 = embedding output). Conventions:
 
@@ -188,7 +188,7 @@ class FeatureCapture:
         return feats
 
 
-# -- what each serving engine taps for a head config (EAGLE3.md section 1) ----------------------------
+# -- what each serving engine taps for a head config (docs/eagle3.md section 1) ----------------------------
 
 ENGINES = ("sglang", "sglang_before_25454", "vllm_v1", "vllm_v2")
 ENGINE_NAMES = {"sglang": "SGLang", "sglang_before_25454": "SGLang before PR #25454",

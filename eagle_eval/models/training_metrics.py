@@ -1,7 +1,7 @@
 """A head's training-time validation accuracy per draft step, read from its folder.
 
 Contract: `read_train_acc(head_dir)` returns the teacher-forced per-step accuracies acc_1..acc_k
-(SpecForge's `acc_k`, EAGLE3.md section 5) from `training_metrics.json` beside the weights, or None
+(SpecForge's `acc_k`, docs/eagle3.md section 5) from `training_metrics.json` beside the weights, or None
 when the file is absent. Accepted layouts: `{"validation": {"acc": [...]}}` (what the project's
 builders write) or `{"acc": [...]}`. A file that is present but unreadable is bad input.
 """

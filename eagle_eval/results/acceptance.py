@@ -1,6 +1,6 @@
 """Acceptance math: pure functions over integer counts (no torch, no model).
 
-Definitions (EAGLE3.md section 5), for a chain of num_steps S over C cycles:
+Definitions (docs/eagle3.md section 5), for a chain of num_steps S over C cycles:
 - H[n]: cycles that accepted exactly n drafts, n = 0..S.
 - reached_i = #cycles that accepted >= i-1 drafts (draft position i was checked), i = 1..S.
 - accepted_i = #cycles that accepted >= i drafts.
@@ -76,7 +76,7 @@ class AcceptanceCounts:
 
 
 def speedup(unconditional_rates, cost_ratio: float, verify_ratio: float = 1.0) -> float:
-    """Modelled speedup over plain decoding for num_steps k = len(rates) (EAGLE3.md section 5):
+    """Modelled speedup over plain decoding for num_steps k = len(rates) (docs/eagle3.md section 5):
     S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), c = T_draft_step / T_target_step,
     r(k) = T_verify(k+1 tokens) / T_target(1 token).
 

@@ -1,7 +1,7 @@
 """Reports: counts -> report.json (versioned schema, provenance) and the terminal table.
 
 Contract: every figure is derived here from the integer counts in the sample records, and carries
-its definition (EAGLE3.md section 5). Nothing here touches a model.
+its definition (docs/eagle3.md section 5). Nothing here touches a model.
 """
 
 from __future__ import annotations

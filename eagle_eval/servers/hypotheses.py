@@ -1,6 +1,6 @@
 """Which wiring fault explains a server's acceptance: re-run the oracle under each and compare.
 
-Contract: `candidate_hypotheses` lists the usual faults (EAGLE3.md sections 1-3) as changes to the
+Contract: `candidate_hypotheses` lists the usual faults (docs/eagle3.md sections 1-3) as changes to the
 oracle's resolved wiring, pure and testable without a model, starting with what each engine of the
 server's kind taps for this head's config (`capture.engine_taps`, e.g. vLLM's V1 runner reading the
 nested SGLang-style ids unchanged); `oracle_variant` applies one to a loaded oracle through

@@ -2,7 +2,7 @@
 
 Contract: `speculative_decode` returns exactly the tokens plain greedy decoding returns (up to
 floating-point near-ties, which `greedy.first_divergence` reports), plus the accepted drafts of each
-verify forward. Each cycle (EAGLE3.md section 4): the draft proposes S tokens from its last real pair;
+verify forward. Each cycle (docs/eagle3.md section 4): the draft proposes S tokens from its last real pair;
 the target verifies [root, d_1..d_S] in one forward; the longest matching prefix is accepted plus one
 bonus token; the target cache is rolled back to the verified prefix; the draft is re-run on the
 target features of (root + accepted) paired with (accepted + bonus). Nothing is recomputed over the

@@ -2,7 +2,7 @@
 
 Contract: functions here take a `DraftHead` (models/heads/protocol.py: the Llama-style and MLA heads),
 fused or raw target features and token embeddings;
-they never call the target. Pairing and positions follow EAGLE3.md section 3: pair t is
+they never call the target. Pairing and positions follow docs/eagle3.md section 3: pair t is
 (target feature of x_t, token x_{t+1}) at RoPE position t; the k-th draft step after the last real
 pair p runs at position p + k (+1 with `position_offset=1`, SGLang before PR #25015).
 """
@@ -73,7 +73,7 @@ class DraftState:
 
     @torch.no_grad()
     def propose_tree(self, num_steps: int, topk: int) -> Pool:
-        """The candidate pool of EAGLE3.md section 4: level 1 = top-K of the first distribution;
+        """The candidate pool of docs/eagle3.md section 4: level 1 = top-K of the first distribution;
         each of the num_steps - 1 expansions runs the K frontier nodes (one forward, K queries at
         position p + level, each attending to the real pairs and to its own ancestors), scores their
         K children by parent score * child prob, and keeps the best K as the next frontier."""

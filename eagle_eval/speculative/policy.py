@@ -3,7 +3,7 @@ logits) and the acceptance rule (what the target keeps of a verified chain or tr
 in one small object, so that a rule is one class and the loop stays one loop.
 
 Contract: `DecodePolicy` is what speculative/chain.py and verify.py call; `GREEDY` is temperature 0 in every
-engine (EAGLE3.md section 4): drafts are the draft's argmax, a draft is accepted while it equals the
+engine (docs/eagle3.md section 4): drafts are the draft's argmax, a draft is accepted while it equals the
 target's argmax at its parent, and the added (bonus) token is the target's argmax after the last accepted
 node. Tree drafting stays the deterministic top-k expansion of tree.py for every rule (SGLang and EAGLE
 build the tree from the draft's softmax without temperature). Sampling rules (vLLM, SGLang, EAGLE at

@@ -5,7 +5,7 @@ from a responses file and checked against the target's own argmax), ONE target f
 prompt + continuation yields the aux features; `run_lengths.chain_run_lengths` then runs the draft chain
 from every start pair at once (the pattern of `draft.unroll_chains`, only the steps that can still count),
 giving the run length r_p of consecutive correct drafts from each start.
-Because the draft state at a cycle start depends only on the verified prefix (EAGLE3.md section 4),
+Because the draft state at a cycle start depends only on the verified prefix (docs/eagle3.md section 4),
 walking the cycles over r_p reproduces the reference loop exactly, for every S <= max_steps.
 
 The continuation is extended by max_steps tokens past max_new_tokens and past EOS: the loop's last

@@ -1,6 +1,6 @@
 """The target's distribution when sampling, engine by engine: temperature and filters in each engine's order.
 
-Contract: `target_probs(logits, decoding)` is p_k of EAGLE3.md section 8, the distribution a draft is verified
+Contract: `target_probs(logits, decoding)` is p_k of docs/eagle3.md section 8, the distribution a draft is verified
 against and the bonus token is sampled from, built as the chosen `accept_rule`'s engine builds it (read in
 the engines' source; penalties, logit bias and grammars are not modelled):
 

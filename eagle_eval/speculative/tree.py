@@ -1,6 +1,6 @@
 """Draft trees (topk > 1): candidate pool -> verify tree, and greedy acceptance along it.
 
-Contract (EAGLE3.md section 4, SGLang `organize_draft_results` / EAGLE `topK_genrate`): the pool holds
+Contract (docs/eagle3.md section 4, SGLang `organize_draft_results` / EAGLE `topK_genrate`): the pool holds
 level 1 (the top-K of the first draft distribution, score = prob) and, for each later level, the K^2
 children of the K frontier nodes (score = parent score * child prob). The best D-1 pool nodes by score
 plus the root form the verify tree, ordered by pool index.

@@ -1,4 +1,4 @@
-"""Load-time sanity checks of a draft head against its target (issue 5, item 1).
+"""Load-time sanity checks of a draft head against its target.
 
 Contract: `load_findings` looks only at weights and configs (no decoding; a few sampled matrix
 statistics), so `load_oracle` runs it for every command and `run` prints it. It returns `Finding`s:
@@ -327,7 +327,7 @@ def load_findings(target, loaded, aux, cli_aux_ids, embedding: str, cache: dict 
     out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, cli_aux_ids,
                    sglang_deepseek_family(target.model.config))
     out += cache["dialect"] + cache["dtype"]
-    out += head_variant_findings(loaded, aux)               # issue 16: head variants and config keys
+    out += head_variant_findings(loaded, aux)               # head variants and config keys
     out += cache["mla"]
     return out
 

@@ -1,4 +1,4 @@
-"""Load-time checks of the head variants (issue 16), called by models/checks/sanity.py.
+"""Load-time checks of the head variants, called by models/checks/sanity.py.
 
 Contract: `head_variant_findings(loaded, aux)` returns `Finding`s for the shipped variant flags and
 which engines honour them (norm_before_fc with its input norm, EAGLE-3.1 fc_norm / norm_output,

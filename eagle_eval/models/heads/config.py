@@ -1,6 +1,6 @@
 """The draft head's shape and variant flags, and reading them from a head's config.json.
 
-Contract: `HeadConfig` is the frozen, validated description of one EAGLE-3 head (EAGLE3.md section 2)
+Contract: `HeadConfig` is the frozen, validated description of one EAGLE-3 head (docs/eagle3.md section 2)
 plus the variants the engines ship; `head_config_from_json` builds it from any dialect's config.json
 and `CONSUMED_KEYS` lists every key it reads (models/heads/keys.py audits the rest). No torch here.
 
@@ -102,7 +102,7 @@ class HeadConfig:
 
     @property
     def has_fc(self) -> bool:
-        """fc fuses the aux concat only when its width differs from H (EAGLE3.md section 2)."""
+        """fc fuses the aux concat only when its width differs from H (docs/eagle3.md section 2)."""
         return self.num_aux * self.target_hidden_size != self.hidden_size
 
     def variant(self) -> dict:

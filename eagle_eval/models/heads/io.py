@@ -211,7 +211,7 @@ def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
 
 
 def _check_d2t_range(d2t: torch.Tensor, vocab_size: int, file: Path) -> None:
-    """Every draft id must map to a target id in 0..vocab_size-1 (EAGLE3.md section 2)."""
+    """Every draft id must map to a target id in 0..vocab_size-1 (docs/eagle3.md section 2)."""
     target_ids = torch.arange(d2t.numel()) + d2t.long()
     bad = ((target_ids < 0) | (target_ids >= vocab_size)).nonzero().flatten()
     if bad.numel():
@@ -221,7 +221,7 @@ def _check_d2t_range(d2t: torch.Tensor, vocab_size: int, file: Path) -> None:
 
 
 def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """t2d [V] bool: True for target ids reachable from the draft vocab (EAGLE3.md section 2)."""
+    """t2d [V] bool: True for target ids reachable from the draft vocab (docs/eagle3.md section 2)."""
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[torch.arange(d2t.numel()) + d2t] = True
     return t2d

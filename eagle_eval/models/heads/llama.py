@@ -1,6 +1,6 @@
 """The EAGLE-3 draft head: one decoder layer over (token embedding, fused target features).
 
-Contract: `Eagle3Head` computes exactly the per-token math of EAGLE3.md section 2, with an explicit
+Contract: `Eagle3Head` computes exactly the per-token math of docs/eagle3.md section 2, with an explicit
 `DraftCache`, and the variants the engines ship (`norm_before_fc`, EAGLE-3.1 `fc_norm` / `norm_output`,
 interleaved RoPE, scaled RoPE through transformers' initialisers): see models/heads/config.py, which
 holds `HeadConfig` and cites where each engine implements each. A head kind changes only the draft
@@ -179,7 +179,7 @@ class Eagle3Head(nn.Module):
         """The draft layer's attention (heads/protocol.py DraftAttention), what drafting drives."""
         return self.midlayer.self_attn
 
-    # -- the per-token math of EAGLE3.md section 2 ---------------------------------------------
+    # -- the per-token math of docs/eagle3.md section 2 ---------------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """aux [B, T, k*H_t] (target features, low -> high) -> g [B, T, H]; norm_before_fc normalises the
         whole concat, fc_norm each H_t block, before fc."""

@@ -1,6 +1,6 @@
 """The draft-head interface speculative/ drives: what a head kind must provide (no torch modules here).
 
-Contract: `DraftHead` is the per-token math of EAGLE3.md section 2 split where drafting needs to reach in:
+Contract: `DraftHead` is the per-token math of docs/eagle3.md section 2 split where drafting needs to reach in:
 fuse the target features, build the attention input (embedding first), project/attend through the head's
 `attention` (`DraftAttention`), finish the layer, and map logits to target ids. `Eagle3Head` (heads/llama.py,
 GQA) and `MLAHead` (heads/mla.py, DeepSeek multi-head latent attention) implement it; a new head kind is a
