@@ -16,6 +16,9 @@ Each dialect maps checkpoint keys to `Eagle3Head` parameter names through one vi
 is strict: a missing, unexpected or mis-shaped tensor is a `CheckpointError` naming the file, the key
 and both shapes (and, for a variant's tensor, the config flag that asks for it or its absence).
 Every config.json key is audited first (models/heads/keys.py). `.bin` pickles load with `weights_only=True`.
+Each tensor's stored dtype is checked against what it may be (`check_dtype`): weights floating point
+(fp16, bf16, fp32, fp64), `d2t` an integer type, `t2d` bool; an integer-typed weight would otherwise be
+cast to float in silence and give an accept length near 1.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from eagle_eval.models.heads.mla import build_head
 DIALECTS = (SPECFORGE, EAGLE, SPECULATORS, MLA)
 _LAYER_PREFIX = {SPECFORGE: "midlayer.", EAGLE: "midlayer.", SPECULATORS: "layers.0.", MLA: "layers.0."}
 _OPTIONAL = ("fc.bias", "embed_tokens.weight", "d2t", "t2d")
+# dtypes a head tensor may be stored in: weights are cast to the run's dtype on load, so any float works;
+# float8 needs scales this loader does not read (a quantized head is not supported)
+FLOAT_WEIGHTS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 # tensors of a variant -> the config flag that asks for them (for the strict-loading messages)
 _VARIANT_TENSORS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm"}
 
@@ -155,12 +161,31 @@ def _match_tensors(head: Eagle3Head, tensors: dict, dialect: str, file: Path, co
             raise CheckpointError(
                 f"{file}: tensor {key!r} has shape {list(t.shape)}, expected {list(ref.shape)} "
                 f"(from {config_file.name})")
+        check_dtype(name, key, t, file)
         state[name] = t
     unexpected = sorted(set(tensors) - {names[n] for n in state})
     if unexpected:
         hints = "".join(_flag_hint(k, head.config) for k in unexpected[:1])
         raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} for dialect {dialect!r}{hints}")
     return state
+
+
+def check_dtype(name: str, key: str, t: torch.Tensor, file: Path) -> None:
+    """A head tensor's stored dtype against what it may be: d2t [V_d] an integer type (the offsets
+    target_id - draft_id), t2d [V] bool (SpecForge, EAGLE and speculators register both so), every other
+    tensor a floating weight (FLOAT_WEIGHTS)."""
+    got = str(t.dtype).replace("torch.", "")
+    if name == "d2t":
+        ok, want = not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool, \
+            "an integer type (int64 in SpecForge/EAGLE/speculators)"
+    elif name == "t2d":
+        ok, want = t.dtype == torch.bool, "bool"
+    else:
+        ok, want = t.dtype in FLOAT_WEIGHTS, "a floating-point weight (fp16, bf16, fp32 or fp64)"
+        if t.dtype.is_floating_point and not ok:
+            want += "; a quantized head (float8 without scales) is not supported"
+    if not ok:
+        raise CheckpointError(f"{file}: tensor {key!r} is stored as {got}, expected {want}")
 
 
 def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) -> Eagle3Head:
