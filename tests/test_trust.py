@@ -162,3 +162,284 @@ def test_a_broken_vocab_map_is_an_error_finding(tmp_path, edit, code):
     found = vocab_map_findings(loaded.head.d2t, loaded.head.t2d, False)
     assert code in [f.code for f in found if f.severity == "error"]
     assert fnd.decide(found).status == EXIT_FAILED
+
+
+# -- no traceback from an output folder: read-only, full, inside a symlink loop ------------------------
+
+def _folder(path, **kw):
+    from eagle_eval.results import run_folder as rf
+    return rf.open_run_folder(path, "run", {"x": 1}, {}, **kw)
+
+
+def test_an_output_folder_inside_a_symlink_loop_is_one_error_naming_it(tmp_path):
+    from eagle_eval.results.run_folder import RunFolderError
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for out in (tmp_path / "a" / "out", tmp_path / "a"):
+        with pytest.raises(RunFolderError) as caught:
+            _folder(out)
+        assert str(out) in str(caught.value) and "symbolic links" in str(caught.value)
+
+
+def _refuse_writes_under(monkeypatch, root: Path, code: int):
+    """Writes under `root` fail with errno `code`, as the kernel says it for a read-only or full file
+    system (root ignores permission bits, so a chmod cannot stand in for either)."""
+    import os
+    import tempfile
+
+    def under(path) -> bool:
+        return str(Path(path)).startswith(str(root))
+
+    def fail(path):
+        raise OSError(code, os.strerror(code), str(path))
+
+    real_open, real_mkstemp, real_mkdir = os.open, tempfile.mkstemp, os.mkdir
+
+    def fake_open(path, flags, *a, **kw):
+        if under(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            fail(path)
+        return real_open(path, flags, *a, **kw)
+
+    def fake_mkstemp(*a, dir=None, **kw):
+        if dir is not None and under(dir):
+            fail(Path(dir) / "tmp")
+        return real_mkstemp(*a, dir=dir, **kw)
+
+    def fake_mkdir(path, *a, **kw):
+        if under(path):
+            fail(path)
+        return real_mkdir(path, *a, **kw)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(tempfile, "mkstemp", fake_mkstemp)
+    monkeypatch.setattr(os, "mkdir", fake_mkdir)
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_an_output_folder_on_a_read_only_file_system_is_one_error(tmp_path, monkeypatch, exists):
+    from eagle_eval.results.run_folder import RunFolderError
+
+    out = tmp_path / "ro" / "out"
+    if exists:
+        out.mkdir(parents=True)
+    _refuse_writes_under(monkeypatch, tmp_path / "ro", errno.EROFS)
+    with pytest.raises(RunFolderError) as caught:
+        _folder(out)
+    line = str(caught.value)
+    assert line.startswith(f"--output-dir {out}: cannot be ") and "read-only file system" in line
+    assert "\n" not in line
+
+
+def _no_space_on_fsync(monkeypatch, only: str | None = None):
+    """fsync fails with ENOSPC (a full disk reports it there, or at write), for files named `only`."""
+    import os
+    real = os.fsync
+
+    def fsync(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if only is None or name.endswith(only):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_full_disk_when_the_folder_is_taken_is_one_error(tmp_path, monkeypatch):
+    from eagle_eval.results.run_folder import OWNER_FILE, RunFolderError
+
+    _no_space_on_fsync(monkeypatch)
+    with pytest.raises(RunFolderError) as caught:
+        _folder(tmp_path / "out")
+    assert str(tmp_path / "out") in str(caught.value) and "no space left on device" in str(caught.value)
+    assert OWNER_FILE in str(caught.value)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]   # no temporary left behind
+
+
+def test_a_full_disk_while_rows_are_appended_keeps_the_rows_and_says_resume(tmp_path, monkeypatch):
+    from eagle_eval.results.run_folder import RunFolderError
+
+    folder = _folder(tmp_path / "out")
+    folder.append_row("samples.jsonl", {"id": "a"})
+    _no_space_on_fsync(monkeypatch, only="samples.jsonl")
+    with pytest.raises(RunFolderError) as caught:
+        folder.append_row("samples.jsonl", {"id": "b"})
+    folder.close()
+    line = str(caught.value)
+    assert "samples.jsonl" in line and "no space left on device" in line and "--resume" in line
+
+
+def test_a_results_file_under_a_file_is_one_error(tmp_path):
+    from eagle_eval.results.run_folder import RunFolderError, write_atomic
+    from eagle_eval.results.tables import write_csv
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(RunFolderError, match="a part of the path is a file"):
+        write_atomic(tmp_path / "f" / "a.json", "{}")
+    with pytest.raises(RunFolderError, match=r"out\.csv: cannot be written"):
+        write_csv(tmp_path / "f" / "out.csv", [(None, {"config": {"num_draft_tokens": 2}, "summary": {
+            "prompts": 0, "cycles": 0, "accepted_drafts": 0, "accept_length": None}, "per_position": [],
+            "histogram": [0]})])
+
+
+def test_an_unreadable_input_is_one_error_naming_its_option(tmp_path, monkeypatch):
+    from eagle_eval.results import run_folder as rf
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(rf, "file_sha256", denied)
+    with pytest.raises(rf.RunFolderError) as caught:
+        rf.open_run_folder(tmp_path / "out", "run", {}, {"draft": str(BUNDLED_DRAFT)})
+    assert str(caught.value).startswith(f"--draft {BUNDLED_DRAFT}: cannot be read (permission denied")
+
+
+def test_the_cli_says_a_full_disk_in_one_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from eagle_eval.cli import main
+
+    _no_space_on_fsync(monkeypatch, only="samples.jsonl")
+    res = CliRunner().invoke(main, ["run", "--limit", "1", "--max-new-tokens", "4", "--output-dir",
+                                    str(tmp_path / "out")])
+    assert res.exit_code == 2, (res.output, res.exception)
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("eagle-eval: error:")]
+    assert len(err) == 1 and "no space left on device" in err[0] and "Traceback" not in res.stderr
+
+
+# -- targets: pickle-only weights, a file for a folder, --max-memory -------------------------------------
+
+def _pickle_target(tmp_path, names=("pytorch_model.bin",)) -> tuple[Path, Path]:
+    """The bundled target with its safetensors replaced by pickles that would create `marker` if unpickled."""
+    import pickle
+
+    from eagle_eval.config import BUNDLED_TARGET
+
+    target, marker = tmp_path / "target", tmp_path / "UNPICKLED"
+    shutil.copytree(BUNDLED_TARGET, target)
+    (target / "model.safetensors").unlink()
+
+    class Trap:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    for name in names:
+        (target / name).write_bytes(pickle.dumps(Trap()))
+    return target, marker
+
+
+@pytest.mark.parametrize("names", [("pytorch_model.bin",),
+                                   ("pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
+                                    "pytorch_model.bin.index.json")])
+def test_a_target_holding_only_pickles_is_refused_without_unpickling(tmp_path, names):
+    from eagle_eval.models.target import TargetError, load_target
+
+    target, marker = _pickle_target(tmp_path, names)
+    with pytest.raises(TargetError) as caught:
+        load_target(str(target), dtype="fp32", device_map="cpu")
+    line = str(caught.value)
+    assert line.startswith(f"{target}: holds only pickle weights") and names[0] in line
+    assert "never unpickles" in line and not marker.exists()
+
+
+def test_a_file_given_as_the_target_or_the_draft_says_it_is_a_file(tmp_path):
+    from eagle_eval.models.heads.io import CheckpointError, load_head
+    from eagle_eval.models.target import TargetError, load_target
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(TargetError, match="is a file"):
+        load_target(str(tmp_path / "f"), dtype="fp32", device_map="cpu")
+    with pytest.raises(CheckpointError, match="is a file"):
+        load_head(tmp_path / "f")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("0=70Gb", "bits"), ("0=70gb", "bits"), ("0=70", "not a size"), ("0=lots", "not a size"),
+    ("cuda:0=70GiB", "write 0=..."), ("gpu=1GiB", "not a GPU index"), ("0=1GiB,0=2GiB", "given twice"),
+    ("0=0GiB", "not a positive size"), ("70GiB", "not DEVICE=SIZE"), ("", "is empty"),
+])
+def test_a_max_memory_accelerate_cannot_read_is_an_error(text, said):
+    from eagle_eval.models.target import TargetError, parse_max_memory
+
+    with pytest.raises(TargetError, match="--max-memory") as caught:
+        parse_max_memory(text)
+    assert said in str(caught.value)
+
+
+def test_max_memory_is_refused_where_it_would_be_ignored(tmp_path):
+    from eagle_eval.config import BUNDLED_TARGET
+    from eagle_eval.models.target import TargetError, load_target, parse_max_memory
+
+    assert parse_max_memory("0=70GiB, 1=1.5GB,cpu=100GiB") == {0: "70GiB", 1: "1.5GB", "cpu": "100GiB"}
+    with pytest.raises(TargetError, match="--max-memory applies to --device-map auto"):
+        load_target(str(BUNDLED_TARGET), dtype="fp32", device_map="cpu", max_memory="cpu=1GiB")
+    if not torch.cuda.is_available():
+        with pytest.warns(UserWarning, match="--max-memory is not used"):
+            load_target(str(BUNDLED_TARGET), dtype="fp32", device_map="auto", max_memory="0=1GiB")
+
+
+# -- head configs: values of the wrong type name the file and the key ----------------------------------
+
+@pytest.mark.parametrize("edit, key, expected", [
+    (lambda c: c.update(num_attention_heads="six"), "'num_attention_heads'", "a positive integer"),
+    (lambda c: c.update(hidden_size=True), "'hidden_size'", "a positive integer"),
+    (lambda c: c.update(intermediate_size=384.0), "'intermediate_size'", "a positive integer"),
+    (lambda c: c.update(rope_theta="10000"), "'rope_theta'", "a positive number"),
+    (lambda c: c.update(rms_norm_eps=[1e-6]), "'rms_norm_eps'", "a positive number"),
+    (lambda c: c.update(hidden_act=["silu"]), "'hidden_act'", "a string"),
+    (lambda c: c.update(norm_before_residual="false"), "'norm_before_residual'", "true or false"),
+    (lambda c: c.update(attention_bias=0), "'attention_bias'", "true or false"),
+    (lambda c: c.update(eagle_config=[1, 3, 4]), "'eagle_config'", "a JSON object"),
+    (lambda c: c["eagle_config"].update(use_aux_hidden_state="yes"), "eagle_config.'use_aux_hidden_state'",
+     "true or false"),
+    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[True, 3, 4]),
+     "eagle_config.'eagle_aux_hidden_state_layer_ids'", "a list of integer layer ids"),
+    (lambda c: c.update(eagle_aux_hidden_state_layer_ids="2,4,5"), "'eagle_aux_hidden_state_layer_ids'",
+     "a list of integer layer ids"),
+    (lambda c: c.update(architectures="LlamaForCausalLMEagle3"), "'architectures'", "a list of strings"),
+    (lambda c: c.update(rope_scaling="linear"), "'rope_scaling'", "a JSON object"),
+    (lambda c: c.update(max_position_embeddings="1024"), "'max_position_embeddings'", "a positive integer"),
+])
+def test_a_head_config_value_of_the_wrong_type_names_the_file_and_the_key(tmp_path, edit, key, expected):
+    from eagle_eval.models.heads.io import CheckpointError, load_head
+
+    draft = _edit_config(_draft(tmp_path), edit)
+    with pytest.raises(CheckpointError) as caught:
+        load_head(draft)
+    line = str(caught.value)
+    assert line.startswith(str(draft / "config.json")) and key in line and f"expected {expected}" in line
+
+
+def test_a_speculators_layer_config_of_the_wrong_type_names_its_section(tmp_path):
+    from eagle_eval.models.heads.io import CheckpointError, load_head, save_head
+
+    save_head(load_head(BUNDLED_DRAFT).head, tmp_path / "spec", aux_layer_ids_sglang=[1, 3, 4], dialect="speculators")
+    assert load_head(tmp_path / "spec").dialect == "speculators"
+    _edit_config(tmp_path / "spec", lambda c: c["transformer_layer_config"].update(num_key_value_heads="2"))
+    with pytest.raises(CheckpointError, match=r"transformer_layer_config\.'num_key_value_heads' = \"2\": "
+                                              "expected a positive integer"):
+        load_head(tmp_path / "spec")
+
+
+@pytest.mark.parametrize("changes, key", [
+    (dict(kv_lora_rank="16"), "'kv_lora_rank'"), (dict(q_lora_rank=True), "'q_lora_rank'"),
+    (dict(fc_norm="true"), "'fc_norm'"), (dict(model_type=["deepseek_v3"]), "'model_type'"),
+])
+def test_an_mla_head_config_value_of_the_wrong_type_names_the_key(tmp_path, changes, key):
+    from test_mla_head import YARN, random_mla_head
+
+    from eagle_eval.models.heads.io import CheckpointError, load_head
+
+    path = random_mla_head(tmp_path / "h", rope_scaling=YARN)
+    _edit_config(path, lambda c: c.update(changes))
+    with pytest.raises(CheckpointError, match=rf"config\.json: key {key} = .*: expected "):
+        load_head(path)
+
+
+def test_aux_layer_ids_are_never_coerced():
+    from eagle_eval.models.capture import AuxLayerError, to_hf
+
+    assert to_hf([1, 3, 4], "sglang") == [2, 4, 5]
+    for bad in ([True, 3, 4], [1.0, 3, 4], ["1", 3, 4]):
+        with pytest.raises(AuxLayerError, match="must be integers"):
+            to_hf(bad, "vllm")

@@ -36,8 +36,10 @@ from eagle_eval.models.heads.config import (  # noqa: F401  (CheckpointError, he
     SPECFORGE,
     SPECULATORS,
     CheckpointError,
+    _section,
     head_config_from_json,
     model_type_note,
+    read_key,
 )
 from eagle_eval.models.heads.keys import KeyAudit, audit_keys, check_keys
 from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig
@@ -69,7 +71,7 @@ class LoadedHead:
 
 
 def detect_dialect(config: dict, config_file: Path) -> str:
-    archs = config.get("architectures") or []
+    archs = read_key(config, "architectures", config_file, "names", [])
     if any(a in MLA_ARCHITECTURES for a in archs):
         return MLA
     if "Eagle3Speculator" in archs or "speculators_config" in config:
@@ -115,6 +117,8 @@ def key_map(dialect: str, names, prefix: str | None = None) -> dict[str, str]:
 
 def _read_config(path: Path) -> tuple[Path, dict]:
     config_file = path / "config.json"
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path}: is a file; the draft head is a folder (config.json and weights)")
     if not path.is_dir():
         raise CheckpointError(f"{path}: draft checkpoint folder does not exist (local paths only)")
     if not config_file.is_file():
@@ -226,13 +230,20 @@ def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
         state["t2d"] = t2d_from_d2t(state["d2t"], cfg.vocab_size)
     head.load_state_dict({**head.state_dict(), **{k: v.to(head.state_dict()[k].dtype)
                                                    for k, v in state.items()}}, strict=True)
-    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    vllm_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    sglang_ids, vllm_ids = aux_ids(config, config_file)
     return LoadedHead(head=head.eval(), dialect=dialect, path=str(path), weights_file=str(file),
                       own_embedding=head.embed_tokens is not None,
                       aux_ids_sglang=tuple(sglang_ids) if sglang_ids is not None else None,
                       aux_ids_vllm=tuple(vllm_ids) if vllm_ids is not None else None,
                       d2t_in_checkpoint=has_d2t, key_audit=audit, key_notes=tuple(notes))
+
+
+def aux_ids(config: dict, config_file: Path) -> tuple[list | None, list | None]:
+    """(nested eagle_config.eagle_aux_hidden_state_layer_ids, top-level eagle_aux_hidden_state_layer_ids),
+    each a list of integers or None: `true` is not layer 1, "3" not layer 3."""
+    nested = read_key(_section(config, "eagle_config", config_file), "eagle_aux_hidden_state_layer_ids",
+                      config_file, "ids", None, "eagle_config.")
+    return nested, read_key(config, "eagle_aux_hidden_state_layer_ids", config_file, "ids", None)
 
 
 def _check_d2t_range(d2t: torch.Tensor, vocab_size: int, file: Path) -> None:
