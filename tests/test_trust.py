@@ -443,3 +443,115 @@ def test_aux_layer_ids_are_never_coerced():
     for bad in ([True, 3, 4], [1.0, 3, 4], ["1", 3, 4]):
         with pytest.raises(AuxLayerError, match="must be integers"):
             to_hf(bad, "vllm")
+
+
+# -- nothing coerced in prompt files ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("row, said", [
+    ({"id": "a", "prompt": "hello", "category": ["x", "y"]}, "key 'category' = [\"x\", \"y\"]: expected a non-empty string"),
+    ({"id": "a", "prompt": "hello", "category": 3}, "key 'category' = 3"),
+    ({"id": True, "prompt": "hello"}, "key 'id' = true: expected a string or an integer id"),
+    ({"id": ["a"], "prompt": "hello"}, "key 'id' = [\"a\"]"),
+    ({"id": "a", "input_ids": [1, True, 5]}, "key 'input_ids' must be a non-empty list of integers"),
+])
+def test_a_prompt_row_value_of_the_wrong_type_is_an_error_naming_the_line_and_key(tmp_path, row, said):
+    from eagle_eval.config import BUNDLED_TARGET, RunConfig
+    from eagle_eval.workload.conversations import load_workload
+    from eagle_eval.workload.data import DataError
+    from transformers import AutoTokenizer
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "ok", "prompt": "fine"}) + "\n" + json.dumps(row) + "\n")
+    tok = AutoTokenizer.from_pretrained(str(BUNDLED_TARGET))
+    with pytest.raises(DataError) as caught:
+        load_workload(RunConfig(prompts=str(prompts)), tok)
+    assert str(caught.value).startswith(f"{prompts}:2: ") and said in str(caught.value)
+
+
+@pytest.mark.parametrize("row, said", [
+    ({"question_id": 81.0, "category": "writing", "turns": ["a"]}, "key 'question_id' = 81.0"),
+    ({"question_id": 81, "category": {"w": 1}, "turns": ["a"]}, "key 'category'"),
+])
+def test_a_benchmark_row_value_of_the_wrong_type_is_an_error(tmp_path, row, said):
+    from eagle_eval.workload.data import DataError
+    from eagle_eval.workload.datasets import read_questions
+
+    data = tmp_path / "mt.jsonl"
+    data.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["x"]}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=f"{data}:2: ") as caught:
+        read_questions(data)
+    assert said in str(caught.value)
+    data.write_text(json.dumps({"question_id": 81, "category": "writing", "turns": ["a"]}) + "\n")
+    assert read_questions(data)[0][0].id == "81"                     # an integer id is an id
+
+
+# -- resume: a duplicated or foreign row is repaired with a message or refused, never double-counted ------
+
+RUN2 = ["run", "--limit", "2", "--max-new-tokens", "4"]
+
+
+def _cli(args):
+    from click.testing import CliRunner
+
+    from eagle_eval.cli import main
+    return CliRunner().invoke(main, args, catch_exceptions=True)
+
+
+@pytest.fixture(scope="module")
+def finished_two(tmp_path_factory):
+    out = tmp_path_factory.mktemp("resume") / "run"
+    res = _cli(RUN2 + ["--output-dir", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _resume_with(tmp_path, finished, edit):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    rows = [json.loads(ln) for ln in (out / "samples.jsonl").read_text().splitlines()]
+    rows = edit(rows)
+    (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out, _cli(RUN2 + ["--output-dir", str(out), "--resume"])
+
+
+def _one_error(res) -> str:
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("eagle-eval: error:")]
+    assert len(err) == 1 and "Traceback" not in res.stderr
+    return err[0]
+
+
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_an_identical_duplicated_row_is_kept_once_with_a_warning(tmp_path, finished_two, where):
+    before = json.loads((finished_two / "report.json").read_text())
+    out, res = _resume_with(tmp_path, finished_two,
+                            lambda r: r + [r[0]] if where == "end" else [r[0], r[0], r[1]])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("identical duplicate rows") == 1 and "kept once" in res.stderr
+    after = json.loads((out / "report.json").read_text())
+    assert after["summary"] == before["summary"] and after["histogram"] == before["histogram"]
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 2
+
+
+def test_two_different_rows_for_one_prompt_are_refused(tmp_path, finished_two):
+    def edit(rows):
+        other = dict(rows[0], output_ids=[(t + 1) % 900 for t in rows[0]["output_ids"]])
+        return rows + [other]
+
+    line = _one_error(_resume_with(tmp_path, finished_two, edit)[1])
+    assert "two different rows (1 and 3)" in line and "samples.jsonl" in line
+
+
+@pytest.mark.parametrize("change, said", [
+    (dict(id="not-in-this-workload"), "is not a prompt of this workload"),
+    (dict(category="elsewhere"), "has category 'elsewhere'"),
+    (dict(prompt_len=999), "has prompt_len 999"),
+    (dict(accepted_per_cycle="abc"), "key 'accepted_per_cycle' is not a list of integers"),
+    (dict(verify_count=99), "'verify_count' 99"),
+    (dict(output_ids=[1]), "key 'output_ids' holds 1 tokens"),
+    (dict(accepted_per_cycle=[-1, 0, 0], emitted_per_cycle=[1, 1, 1], verify_count=3), "holds a count outside 0.."),
+])
+def test_a_foreign_or_malformed_row_refuses_the_resume_naming_it(tmp_path, finished_two, change, said):
+    out, res = _resume_with(tmp_path, finished_two, lambda r: [r[0], dict(r[1], **change)])
+    line = _one_error(res)
+    assert "row 2" in line and said in line and "--overwrite" in line

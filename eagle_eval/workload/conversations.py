@@ -45,6 +45,13 @@ class Workload:
     def sample_prompt(self) -> Prompt:
         return self.first_prompts[0]
 
+    def expected_rows(self) -> dict[str, dict]:
+        """{sample id: {category, turn, prompt_len}} of every row this workload writes, in order; the
+        prompt length is known up front for first turns only (later turns hold the earlier answers)."""
+        first = {p.id: len(p.input_ids) for p in self.first_prompts}
+        return {sample_id(q, t): {"category": q.category, "turn": t, "prompt_len": first.get(sample_id(q, t))}
+                for q in self.questions for t in range(1, max(1, len(q.turns)) + 1)}
+
 
 def sample_id(question: Question, turn: int) -> str:
     return f"{question.id}/turn{turn}" if len(question.turns) > 1 else question.id
