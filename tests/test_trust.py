@@ -555,3 +555,145 @@ def test_a_foreign_or_malformed_row_refuses_the_resume_naming_it(tmp_path, finis
     out, res = _resume_with(tmp_path, finished_two, lambda r: [r[0], dict(r[1], **change)])
     line = _one_error(res)
     assert "row 2" in line and said in line and "--overwrite" in line
+
+
+# -- report: every command's results, schema versions, files it cannot read, like with like, findings -----
+
+SMALL = ["--limit", "2", "--max-new-tokens", "4"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """One output folder of each command on the bundled pair."""
+    root = tmp_path_factory.mktemp("saved")
+    (root / "server.log").write_text("")
+    commands = {
+        "run": ["run", "--num-steps", "2"],
+        "profile": ["profile", "--max-steps", "3", "--num-steps", "2"],
+        "ablation": ["ablate", "--max-steps", "2", "--cost-ratio", "0.1"],
+        "diagnosis": ["diagnose", "--no-sweep", "--no-template-check"],
+        "server_check": ["server-check", "--backend", "sglang", "--sglang-log", str(root / "server.log"),
+                         "--num-steps", "2"],
+    }
+    out = {}
+    for kind, args in commands.items():
+        res = _cli(args + SMALL + ["--output-dir", str(root / kind)])
+        assert res.exit_code in (0, 1, 3), (kind, res.output, res.exception)
+        out[kind] = root / kind
+    return out
+
+
+def test_report_reads_every_commands_folder(saved):
+    from eagle_eval.results.report import render_ablation, render_steps_table, render_table
+    from eagle_eval.results.saved import FILES, read_result
+
+    firsts = {"run": render_table, "profile": render_steps_table, "ablation": render_ablation,
+              "server_check": render_table}
+    for kind, folder in saved.items():
+        result = read_result(folder)
+        assert result.kind == kind and Path(result.path).name == FILES[kind]
+        res = _cli(["report", str(folder)])
+        assert res.exit_code == 0, (kind, res.output, res.exception)
+        if kind in firsts:
+            assert res.output.startswith(firsts[kind](result.report)), kind
+        if kind not in ("diagnosis", "ablation"):          # ablation.json keeps none yet (the lead wires it)
+            assert "load-time checks" in res.output          # re-rendered as the command printed them
+    diag = _cli(["report", str(saved["diagnosis"] / "diagnosis.json")])
+    assert "findings" in diag.output and "lm_head" in diag.output
+
+
+@pytest.mark.parametrize("kind, version", [("run", 2), ("profile", "1"), ("diagnosis", 1), ("ablation", None)])
+def test_report_refuses_an_unknown_schema_version_naming_the_known_one(saved, tmp_path, kind, version):
+    from eagle_eval.results.saved import FILES, SCHEMAS
+
+    file = tmp_path / FILES[kind]
+    data = json.loads((saved[kind] / FILES[kind]).read_text())
+    data["schema_version"] = version
+    if version is None:
+        del data["schema_version"]
+    file.write_text(json.dumps(data))
+    line = _one_error(_cli(["report", str(file)]))
+    assert str(file) in line and f"of schema_version {SCHEMAS[kind]} only" in line
+
+
+def test_report_on_files_it_cannot_read_is_one_line(tmp_path, saved):
+    (tmp_path / "latin1.json").write_bytes('{"a": "\xe9"}'.encode("latin-1"))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "deep.json").write_text("[" * 100000)
+    (tmp_path / "list.json").write_text("[1, 2]")
+    cases = [("latin1.json", "not a UTF-8 text file"), ("afile/report.json", "afile is a file, not a folder"),
+             ("loop", "cannot be read"), ("empty", "holds no eagle-eval results"),
+             ("deep.json", "nested too deeply"), ("list.json", "a JSON object is expected")]
+    for name, said in cases:
+        line = _one_error(_cli(["report", str(tmp_path / name)]))
+        assert said in line, (name, line)
+
+
+def test_report_compares_a_run_with_the_profile_at_its_num_steps(saved):
+    from eagle_eval.results.compare import comparison, load_result
+
+    run, prof = load_result(saved["run"]), load_result(saved["profile"])
+    text = comparison(run, prof)
+    assert "at num_steps 2" in text
+    all_row = next(ln for ln in text.splitlines() if ln.strip().startswith("all "))
+    assert "+0.000" in all_row and "*" not in all_row               # the profile reproduces the loop exactly
+    flipped = comparison(prof, run)
+    assert flipped.index(f"A = {prof.label} at num_steps 2") > 0
+
+
+def test_report_says_why_unlike_results_are_not_compared(saved, tmp_path):
+    from eagle_eval.results.compare import comparison, load_result
+
+    run, abl, diag = (load_result(saved[k]) for k in ("run", "ablation", "diagnosis"))
+    for a, b in ((run, abl), (diag, run), (abl, diag)):
+        assert comparison(a, b).startswith("not compared: ")
+    res = _cli(["report", str(saved["run"]), str(saved["ablation"])])
+    assert res.exit_code == 0 and "not compared: " in res.output and "an ablation" in res.output
+    other = json.loads((saved["profile"] / "profile.json").read_text())
+    other["config"]["topk"], other["config"]["num_draft_tokens"] = 2, 4
+    (tmp_path / "tree.json").write_text(json.dumps(other))
+    assert "their topk differ" in comparison(run, load_result(tmp_path / "tree.json"))
+    assert comparison(run, load_result(saved["server_check"])).startswith("differences B - A")
+
+
+@pytest.mark.parametrize("severity, status", [("info", 0), ("warning", 0), ("undecided", 3), ("error", 1)])
+def test_a_re_render_keeps_the_load_time_findings_and_their_exit_status(saved, tmp_path, severity, status):
+    from eagle_eval.results.compare import load_result, render_result, results_status
+
+    report = json.loads((saved["run"] / "report.json").read_text())
+    report["config"]["sanity"].append({"severity": severity, "code": "planted-check", "message": "planted here"})
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    result = load_result(tmp_path)
+    assert result.status == status and results_status([load_result(saved["run"]), result]) == status
+    text = render_result(result)
+    assert ("planted-check" in text) == (severity != "info")
+    assert (f"exit status {status}: 1 load-time check(s)" in text) == (status != 0)
+
+
+def test_a_run_of_a_head_with_nan_weights_re_renders_as_failed(tmp_path):
+    from eagle_eval.results.compare import load_result, render_result
+
+    def edit(t):
+        t["fc.weight"] = t["fc.weight"].clone()
+        t["fc.weight"][0, 0] = float("nan")
+
+    draft = _draft(tmp_path, edit)
+    res = _cli(["run", "--draft", str(draft), "--limit", "1", "--max-new-tokens", "4", "--output-dir",
+                str(tmp_path / "out")])
+    assert res.exit_code in (0, 1), res.output                 # until the CLI gates on load-time errors
+    result = load_result(tmp_path / "out")
+    assert result.status == 1 and "weights-not-finite" in render_result(result)
+
+
+def test_csv_and_plot_of_results_without_an_acceptance_table(saved, tmp_path):
+    from eagle_eval.results.tables import read_csv
+
+    res = _cli(["report", str(saved["profile"]), "--csv", str(tmp_path / "p.csv")])
+    assert res.exit_code == 0, res.output
+    assert [r["group"] for r in read_csv(tmp_path / "p.csv")] == ["num_steps:1", "num_steps:2", "num_steps:3"]
+    assert "holds no acceptance table" in _one_error(_cli(["report", str(saved["ablation"]), "--csv",
+                                                           str(tmp_path / "a.csv")]))
+    assert "--plot draws runs" in _one_error(_cli(["report", str(saved["profile"]), "--plot",
+                                                   str(tmp_path / "p.png")]))

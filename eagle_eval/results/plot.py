@@ -58,6 +58,11 @@ def _tau_bars(ax, results: list[Result]) -> None:
 
 
 def plot_results(results: list[Result], path: str | Path) -> None:
+    """Runs and server-checks (per-position curves and tau by category); other kinds are refused."""
+    other = [r for r in results if getattr(r, "kind", "run") not in ("run", "server_check")]
+    if other:
+        raise ConfigError(f"--plot: {other[0].label} is {other[0].kind.replace('_', '-')} results; --plot draws runs "
+                          "and server-checks (`eagle-eval ablate` writes its own ablation.png)")
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     try:
