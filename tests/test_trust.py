@@ -697,3 +697,148 @@ def test_csv_and_plot_of_results_without_an_acceptance_table(saved, tmp_path):
                                                            str(tmp_path / "a.csv")]))
     assert "--plot draws runs" in _one_error(_cli(["report", str(saved["profile"]), "--plot",
                                                    str(tmp_path / "p.png")]))
+
+
+# -- ablate's advice: intervals from repeated timings, undecided when they overlap, never impossible ------
+
+def _noisy(center: float, spread: float, n: int = 25, seed: int = 0) -> tuple:
+    import random
+    rng = random.Random(seed)
+    return tuple(center * (1 + spread * (2 * rng.random() - 1)) for _ in range(n))
+
+
+def _two_settings(tau_short=1.8, tau_long=2.6):
+    from eagle_eval.results.advice import Setting
+    return [Setting("base num_steps=1", 1, 2, tau_short), Setting("base num_steps=3", 3, 4, tau_long)]
+
+
+def test_a_clear_winner_under_tight_timings_is_recommended():
+    from eagle_eval.results.advice import RECOMMENDED, Timings, advise
+
+    t = Timings(target_ms=_noisy(10, 0.01), draft_ms=_noisy(1, 0.01, seed=1),
+                verify_ms={2: _noisy(10.5, 0.01, seed=2), 4: _noisy(11, 0.01, seed=3)})
+    a = advise(_two_settings(), t)
+    assert a.verdict == RECOMMENDED and a.best.setting.name == "base num_steps=3"
+    for e in a.estimates:                          # the point estimate from the medians, inside its interval
+        c, r = t.ratios(e.setting.verify_tokens)
+        assert e.speedup == pytest.approx(e.setting.tau / (e.setting.num_steps * c + r), rel=1e-12)
+        assert e.low <= e.speedup <= e.high
+    assert a.difference[0] > 0 and a.message().startswith("recommended: base num_steps=3")
+    assert advise(_two_settings(), t) == a          # seeded: the same samples give the same advice
+
+
+def test_timing_noise_that_can_reverse_the_order_is_undecided_naming_both():
+    from eagle_eval.results.advice import UNDECIDED, Timings, advise
+
+    # S_1 = 1.8 t / (d + v2) and S_3 = 2.6 t / (3 d + v4) nearly tie; 30% noise
+    t = Timings(target_ms=_noisy(10, 0.3), draft_ms=_noisy(1.6, 0.3, seed=1),
+                verify_ms={2: _noisy(10.5, 0.3, seed=2), 4: _noisy(11, 0.3, seed=3)})
+    a = advise(_two_settings(), t)
+    assert a.verdict == UNDECIDED and a.difference[0] <= 0 <= a.difference[1]
+    msg = a.message()
+    assert msg.startswith("undecided between") and "base num_steps=1" in msg and "base num_steps=3" in msg
+    tight = Timings(*(tuple(x for x in xs[:1]) * 25 for xs in (t.target_ms, t.draft_ms)),
+                    verify_ms={n: xs[:1] * 25 for n, xs in t.verify_ms.items()})
+    assert advise(_two_settings(), tight).verdict == "recommended"    # the same medians, no noise: decided
+
+
+def test_a_setting_whose_speedup_exceeds_its_accept_length_is_never_recommended():
+    from eagle_eval.results.advice import RECOMMENDED, Setting, Timings, advise
+
+    # verify of 2 tokens timed faster than one target token: r = 0.5, so S = 2.0 / (0.05 + 0.5) > tau
+    t = Timings(target_ms=(10.0,) * 9, draft_ms=(0.5,) * 9, verify_ms={2: (5.0,) * 9, 4: (12.0,) * 9})
+    settings = [Setting("noisy num_steps=1", 1, 2, 2.0), Setting("sane num_steps=3", 3, 4, 2.4)]
+    a = advise(settings, t)
+    noisy = next(e for e in a.estimates if e.setting.name.startswith("noisy"))
+    assert noisy.speedup > noisy.setting.tau and noisy.impossible
+    assert a.verdict == RECOMMENDED and a.best.setting.name == "sane num_steps=3" and a.runner_up is None
+    assert "exceeds its accept length" in a.as_dict()["impossible"][0]
+    only = advise(settings[:1], t)
+    assert only.verdict == "none" and only.best is None
+
+
+def test_given_costs_decide_without_noise_and_ties_stay_undecided():
+    from eagle_eval.results.advice import Setting, Timings, advise, settings_from_rows
+
+    rows = [{"variant": "base", "num_steps": k, "topk": 1, "num_draft_tokens": k + 1, "tau": tau}
+            for k, tau in ((1, 1.5), (2, 1.9), (3, 2.1))]
+    a = advise(settings_from_rows(rows), Timings.given(0.1))
+    speedups = [tau / (k * 0.1 + 1) for k, tau in ((1, 1.5), (2, 1.9), (3, 2.1))]
+    assert a.verdict == "recommended" and a.best.speedup == max(speedups) and a.best.low == a.best.high
+    tie = advise([Setting("a", 1, 2, 1.1), Setting("b", 1, 2, 1.1)], Timings.given(0.1))
+    assert tie.verdict == "undecided"
+
+
+def test_the_recommended_setting_never_exceeds_its_accept_length_for_any_timings():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from eagle_eval.results.advice import NONE, Setting, Timings, advise
+
+    ms = st.lists(st.floats(0.01, 100.0), min_size=1, max_size=8).map(tuple)
+
+    @settings(max_examples=60, deadline=None)
+    @given(ms, ms, ms, ms, st.floats(1.0, 5.0), st.floats(1.0, 5.0))
+    def check(target, draft, v2, v4, tau1, tau3):
+        t = Timings(target, draft, {2: v2, 4: v4})
+        a = advise([Setting("s1", 1, 2, tau1), Setting("s3", 3, 4, tau3)], t, resamples=50)
+        if a.verdict != NONE:
+            assert a.best.speedup <= a.best.setting.tau * (1 + 1e-9)
+            assert a.best.low <= a.best.speedup <= a.best.high
+
+    check()
+
+
+def test_median_interval_covers_at_the_stated_level():
+    import random
+
+    from eagle_eval.results.advice import median_interval
+
+    rng, n, hits = random.Random(0), 15, 0
+    for _ in range(2000):
+        lo, hi = median_interval([rng.expovariate(1.0) for _ in range(n)])
+        hits += lo <= 0.6931471805599453 <= hi                 # the exponential's median, ln 2
+    assert hits / 2000 >= 0.95 - 0.015
+
+
+def test_timings_repeat_until_narrow_or_the_limit(monkeypatch):
+    from eagle_eval import api
+    from eagle_eval.config import RunConfig
+    from eagle_eval.speculative.costs import measure_timings, stop_rule
+
+    spec = api.load_oracle(RunConfig(max_new_tokens=4)).speculator
+
+    def steady():                       # a clock where every timed call takes exactly 0.5 ms
+        now = [0.0]
+
+        def clock():
+            now[0] += 0.0005
+            return now[0]
+        return clock
+
+    run = measure_timings(spec, [3, 4], context=8, min_reps=4, max_reps=30, clock=steady())
+    assert run.narrow and run.rounds == 4 and set(run.timings.verify_ms) == {3, 4}
+    assert run.timings.target_ms == pytest.approx((0.5,) * 4) and run.timings.draft_ms == pytest.approx((0.5,) * 4)
+    real = measure_timings(spec, [3], context=8, min_reps=3, max_reps=5, rel_width=1e-9)
+    assert not real.narrow and real.rounds == 5 and len(real.timings.target_ms) == 5
+    assert stop_rule({"a": [1.0, 2.0, 3.0]}, 3, 100.0, 3, 50, 0.01, 60.0) == (True, False, 0.5)   # budget spent
+
+
+def test_the_ablation_plot_stays_readable_with_20_variants(tmp_path):
+    from eagle_eval.results.plot import ablation_figure, plot_ablation, variant_style
+
+    rows = [{"variant": f"aux_layers=0,{i},{i + 3};dtype=bf16;system_prompt=a long one {i}", "num_steps": k,
+             "tau": 1 + 0.05 * i + 0.2 * k, "speedup_model": 1 + 0.04 * i + 0.1 * k,
+             "speedup_server": 1 + 0.03 * i + 0.1 * k} for i in range(20) for k in range(1, 6)]
+    styles = [tuple(sorted(variant_style(k).items())) for k in range(20)]
+    assert len(set(styles)) == 20
+    fig = ablation_figure(rows)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    assert len(legend.get_texts()) == 20
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:                               # the legend covers no curve
+        assert not box.overlaps(ax.get_window_extent(renderer))
+    plot_ablation(tmp_path / "a.png", rows)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
