@@ -288,7 +288,7 @@ def test_an_unreadable_input_is_one_error_naming_its_option(tmp_path, monkeypatc
     def denied(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(rf, "file_sha256", denied)
+    monkeypatch.setattr("eagle_eval.results.fingerprints.file_digest", lambda path, *a, **kw: denied(path))
     with pytest.raises(rf.RunFolderError) as caught:
         rf.open_run_folder(tmp_path / "out", "run", {}, {"draft": str(BUNDLED_DRAFT)})
     assert str(caught.value).startswith(f"--draft {BUNDLED_DRAFT}: cannot be read (permission denied")
@@ -842,3 +842,148 @@ def test_the_ablation_plot_stays_readable_with_20_variants(tmp_path):
         assert not box.overlaps(ax.get_window_extent(renderer))
     plot_ablation(tmp_path / "a.png", rows)
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- progress on long phases; fingerprints that cost seconds, with every byte on request -----------------
+
+def test_the_generation_phase_reports_progress_and_the_tokens_do_not_change():
+    from eagle_eval import api
+    from eagle_eval.config import RunConfig
+    from eagle_eval.speculative.profile import greedy_continuations
+
+    spec = api.load_oracle(RunConfig(max_new_tokens=4)).speculator
+    prompts = [[1, 5, 9, 12], [3, 4], [7, 8, 9, 10, 11, 12]]
+    seen = []
+    with_bar = greedy_continuations(spec, prompts, 6, 0, 20, progress=seen.append)   # batches of <= 2 rows
+    assert with_bar == greedy_continuations(spec, prompts, 6, 0, 20)
+    assert sum(seen) == len(prompts) * 6 and len(seen) == 6 * 2          # one call per decode step per batch
+
+
+def test_diagnose_shows_a_generation_bar(capsys):
+    from eagle_eval.config import RunConfig
+    from eagle_eval.diagnose.run import DiagnoseConfig, diagnose
+
+    diagnose(RunConfig(limit=2, max_new_tokens=4), DiagnoseConfig(sweep=False, template_check=False), progress=True)
+    assert "generate" in capsys.readouterr().err
+    diagnose(RunConfig(limit=2, max_new_tokens=4), DiagnoseConfig(sweep=False, template_check=False), progress=False)
+    assert "generate" not in capsys.readouterr().err
+
+
+@pytest.fixture
+def sampled(monkeypatch):
+    """Every file larger than 1 KiB is sampled (the bundled checkpoints are small enough to be hashed whole)."""
+    from eagle_eval.results import fingerprints
+    monkeypatch.setattr(fingerprints, "FULL_BELOW", 1024)
+    fingerprints._cache.clear()
+    return fingerprints
+
+
+@pytest.mark.parametrize("key", ["fc.weight", "lm_head.weight", "norm.weight", "d2t"])
+def test_a_sampled_fingerprint_catches_a_tensor_changed_in_place(tmp_path, sampled, key):
+    def edit(t):
+        t[key] = t[key] * 2 if key != "d2t" else t[key].flip(0)
+
+    a, b = _draft(tmp_path, name="a"), _draft(tmp_path, edit, name="b")
+    fa, fb = sampled.fingerprint(a), sampled.fingerprint(b)
+    assert fa["method"] == "sampled-v1" and fa != fb
+    assert fa == sampled.fingerprint(str(_draft(tmp_path, name="c")) + "/")       # same bytes, another spelling
+
+
+def test_the_cli_refuses_a_resume_after_a_sampled_change_in_place(tmp_path, sampled):
+    draft = _draft(tmp_path)
+    args = ["run", "--limit", "1", "--max-new-tokens", "4", "--draft", str(draft), "--output-dir", str(tmp_path / "o")]
+    assert _cli(args).exit_code == 0
+    owner = json.loads((tmp_path / "o" / "eagle_eval_run.json").read_text())
+    assert owner["inputs"]["draft"]["fingerprint"]["method"] == "sampled-v1"
+    assert "first, middle and last" in owner["inputs"]["draft"]["fingerprint"]["covers"]
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors["fc.weight"] = tensors["fc.weight"] * 1.01
+    save_file(tensors, str(draft / "model.safetensors"))
+    line = _one_error(_cli(args + ["--resume"]))
+    assert "--draft" in line and "contents differ" in line
+
+
+def test_what_a_sampled_fingerprint_covers_and_what_full_adds(tmp_path, sampled):
+    import numpy as np
+
+    big = {"w": np.arange(40000, dtype=np.float32).reshape(200, 200)}
+    from safetensors.numpy import save_file as save_np
+    save_np(big, str(tmp_path / "a.safetensors"))
+    big["w"][50, 7] = -1.0            # one value at byte 40028 of 160000: between the first and middle blocks
+    save_np(big, str(tmp_path / "b.safetensors"))
+    same = sampled.fingerprint(tmp_path / "a.safetensors") == sampled.fingerprint(tmp_path / "b.safetensors")
+    assert same                                        # documented: sampled blocks miss such an edit
+    assert sampled.fingerprint(tmp_path / "a.safetensors", full=True) != \
+        sampled.fingerprint(tmp_path / "b.safetensors", full=True)
+
+
+def test_a_sampled_fingerprint_reads_a_small_part_of_a_large_file(tmp_path, sampled, monkeypatch):
+    import builtins
+
+    import numpy as np
+    from safetensors.numpy import save_file as save_np
+
+    save_np({f"t{i}": np.random.default_rng(i).standard_normal((512, 512)).astype(np.float32) for i in range(16)},
+            str(tmp_path / "m.safetensors"))
+    torch.save({f"t{i}": torch.randn(512, 512) for i in range(8)}, tmp_path / "m.bin")
+    read, real_open = [0], builtins.open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read[0] += len(data)
+            return data
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(sampled, "open", lambda *a, **kw: Counting(real_open(*a, **kw)), raising=False)
+    for name in ("m.safetensors", "m.bin"):
+        read[0] = 0
+        size = (tmp_path / name).stat().st_size
+        sampled.file_digest(tmp_path / name)
+        assert read[0] < size / 20, (name, read[0], size)
+
+
+def test_a_changed_zip_torch_file_is_caught_by_sampling(tmp_path, sampled):
+    tensors = {"a": torch.randn(300, 300), "b": torch.randn(300, 300)}
+    for folder, saved in (("x", tensors), ("y", {"a": tensors["a"], "b": tensors["b"] * 3}), ("z", tensors)):
+        (tmp_path / folder).mkdir()
+        torch.save(saved, tmp_path / folder / "pytorch_model.bin")    # torch names the archive after the file
+    fx, fy, fz = (sampled.file_digest(tmp_path / n / "pytorch_model.bin") for n in "xyz")
+    assert fx != fy and fx == fz
+
+
+def test_old_owner_fingerprints_and_a_full_one_are_compared_by_their_own_method(tmp_path, sampled):
+    import hashlib
+
+    from eagle_eval.results import run_folder as rf
+
+    draft = _draft(tmp_path)
+    old = {"kind": "folder", "files": {n: hashlib.sha256((draft / n).read_bytes()).hexdigest()
+                                       for n in ("config.json", "model.safetensors")}}      # schema-2 owner files
+    now = sampled.fingerprint(draft)
+    assert sampled.same_contents(old, draft, now) and not sampled.same_contents(
+        {**old, "files": {**old["files"], "config.json": "0" * 64}}, draft, now)
+    with rf.open_run_folder(tmp_path / "o", "run", {"x": 1}, {"draft": str(draft)}, full_fingerprint=True) as f:
+        assert f.owner["inputs"]["draft"]["fingerprint"]["method"] == "full"
+    with rf.open_run_folder(tmp_path / "o", "run", {"x": 1}, {"draft": str(draft)}, resume=True):
+        pass                                            # sampled now, full then: compared in full, the same
+
+
+def test_a_long_full_fingerprint_shows_a_bar(tmp_path, sampled, monkeypatch, capsys):
+    monkeypatch.setattr(sampled, "LONG_READ", 1)
+    draft = _draft(tmp_path)
+    sampled.fingerprint(draft)
+    assert "fingerprint" not in capsys.readouterr().err
+    sampled.fingerprint(draft, full=True)
+    assert "fingerprint (every byte" in capsys.readouterr().err

@@ -103,8 +103,8 @@ class Rounds:
     """The workload's prompts and, for each slice profiled so far, their greedy continuations and the
     profile settings over that slice (input_ids rows + a responses file, so every candidate shares them)."""
 
-    def __init__(self, oracle, run, prompts, tmp: Path):
-        self.oracle, self.run, self.prompts, self.tmp = oracle, run, prompts, tmp
+    def __init__(self, oracle, run, prompts, tmp: Path, progress: bool = False):
+        self.oracle, self.run, self.prompts, self.tmp, self.progress = oracle, run, prompts, tmp, progress
         self.conts: list[list[int]] = []
 
     def pcfg(self, lo: int, hi: int):
@@ -123,10 +123,13 @@ class Rounds:
 
         if hi <= len(self.conts):
             return
+        from tqdm import tqdm
+
         tok, oracle = self.oracle.tokenizer, self.oracle
         pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
-        self.conts += greedy_continuations(oracle.speculator, [p.input_ids for p in self.prompts[len(self.conts):hi]],
-                                           self.run.max_new_tokens + self.run.num_steps, pad, 16384)
+        todo, need = [p.input_ids for p in self.prompts[len(self.conts):hi]], self.run.max_new_tokens + self.run.num_steps
+        with tqdm(total=len(todo) * need, desc="generate", unit="tok", disable=not self.progress) as bar:
+            self.conts += greedy_continuations(oracle.speculator, todo, need, pad, 16384, progress=bar.update)
 
 
 def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.Sequence]:
@@ -186,7 +189,7 @@ def _diagnose(run, dcfg: DiagnoseConfig, folder, progress: bool, oracle) -> Diag
         more, dump_hf = _dump_section(match, configured, head.config.num_aux, report, dcfg.sweep)
         findings += more
     with tempfile.TemporaryDirectory(prefix="eagle-eval-diagnose-") as tmpdir:
-        rounds = Rounds(oracle, run, prompts, Path(tmpdir))
+        rounds = Rounds(oracle, run, prompts, Path(tmpdir), progress)
         cands = aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf))
         if dcfg.sweep and len(cands) > 1:
             rows, seq = _sweep(oracle, rounds, cands, progress)

@@ -3,8 +3,9 @@
 Contract: `open_run_folder(path, command, config, inputs, resume=, overwrite=)` returns a `RunFolder`
 holding an exclusive `fcntl.flock` on `<folder>/.eagle-eval.lock` for as long as the run writes there
 (a second writer gets a `RunFolderError` at once). The owner file `eagle_eval_run.json` records the
-command, its configuration and the sha256 of every input's contents (files, or every file of a folder),
-never the inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
+command, its configuration and a fingerprint of every input's contents (files, or every file of a
+folder; sampled unless `full_fingerprint`, what it covers recorded: results/fingerprints.py), never the
+inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
 were replaced in place is refused and the same folder spelled with a trailing slash is accepted.
 A folder owned by another command or configuration is refused without touching a byte of it, unless
 resuming (same owner, same fingerprints) or `overwrite` (the old run's files are removed first).
@@ -34,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from eagle_eval.errors import UserError
+from eagle_eval.results.fingerprints import file_digest, fingerprint, same_contents  # noqa: F401 (fingerprint re-exported)
 
 OWNER_FILE = "eagle_eval_run.json"
 LOCK_FILE = ".eagle-eval.lock"
@@ -42,7 +44,6 @@ OWNER_SCHEMA = 2              # 2: "files" maps each name to the sha256 and size
 KNOWN_FILES = frozenset({"report.json", "samples.jsonl", "run_config.json", "acceptance.csv", "profile.json",
                          "ablation.json", "ablation.csv", "ablation.png", "diagnosis.json", "server_check.json"})
 _CHUNK = 16 << 20
-_hash_cache: dict[tuple, str] = {}
 
 
 class RunFolderError(UserError, ValueError):
@@ -75,35 +76,15 @@ def _os_errors(prefix: str, hint: str = ""):
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file's contents, read in chunks; cached per process by (path, size, mtime)."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _hash_cache:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                h.update(chunk)
-        _hash_cache[key] = h.hexdigest()
-    return _hash_cache[key]
+    """sha256 of every byte of a file (fingerprints.file_digest, full; cached per process)."""
+    return file_digest(Path(path), full=True)
 
 
-def fingerprint(path: str | Path) -> dict:
-    """{"kind": "file", "sha256"} or {"kind": "folder", "files": {relative name: sha256}} (hidden
-    files skipped); a path that does not exist is {"kind": "missing"} (the loader will say so)."""
-    p = Path(path)
-    if p.is_file():
-        return {"kind": "file", "sha256": file_sha256(p)}
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file()
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
-        return {"kind": "folder", "files": {str(f.relative_to(p)): file_sha256(f) for f in files}}
-    return {"kind": "missing"}
-
-
-def _input_fingerprint(name: str, path) -> dict:
-    """fingerprint(path), an unreadable input said as one line naming its option."""
+def _input_fingerprint(name: str, path, full: bool = False) -> dict:
+    """fingerprint(path) (sampled unless `full`, results/fingerprints.py), an unreadable input said as one
+    line naming its option."""
     with _os_errors(f"--{name.replace('_', '-')} {path}: cannot be read"):
-        return fingerprint(path)
+        return fingerprint(path, full=full)
 
 
 def fingerprint_value(value) -> str:
@@ -139,6 +120,11 @@ def write_json_atomic(path: str | Path, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
+def _input_same(name: str, before: dict | None, now: dict) -> bool:
+    with _os_errors(f"--{name.replace('_', '-')} {now['path']}: cannot be read"):
+        return same_contents(before, now["path"], now["fingerprint"])
+
+
 def _differences(owner: dict, command: str, config: dict, inputs: dict, ignore: tuple) -> list[str]:
     """What differs between the folder's owner and this run, in words; [] = the same run."""
     if owner.get("command") != command:
@@ -148,7 +134,7 @@ def _differences(owner: dict, command: str, config: dict, inputs: dict, ignore: 
            if k not in ignore and k not in inputs and saved.get(k) != v]
     for name, now in inputs.items():
         before = (owner.get("inputs") or {}).get(name)
-        if before is None or before.get("fingerprint") != now["fingerprint"]:
+        if before is None or not _input_same(name, before.get("fingerprint"), now):
             out.append(f"--{name.replace('_', '-')} {now['path']}: its contents differ from those the run "
                        f"started with ({(before or {}).get('path')})")
     return out
@@ -445,17 +431,18 @@ def _clear(folder: Path, owner: dict | None) -> None:
 
 
 def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[str, str | None],
-                    resume: bool = False, overwrite: bool = False, ignore: tuple = ()) -> RunFolder:
+                    resume: bool = False, overwrite: bool = False, ignore: tuple = (),
+                    full_fingerprint: bool = False) -> RunFolder:
     """Take the output folder for `command` (see the module docstring).
 
     config: the command's settings (JSON values); inputs: {config key: path} of every file or folder
-    read (None = not given), compared by contents instead of by spelling; ignore: config keys a
-    resumed run may change (e.g. --limit)."""
+    read (None = not given), compared by contents instead of by spelling (sampled, or every byte with
+    `full_fingerprint`: results/fingerprints.py); ignore: config keys a resumed run may change (e.g. --limit)."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
     folder = Path(path)
-    given = {k: {"path": str(v), "fingerprint": _input_fingerprint(k, v)} for k, v in inputs.items()
-             if v is not None}
+    given = {k: {"path": str(v), "fingerprint": _input_fingerprint(k, v, full_fingerprint)}
+             for k, v in inputs.items() if v is not None}
     with _os_errors(f"--output-dir {folder}: cannot be used"):
         _check(folder, command, config, given, resume, overwrite, ignore)     # refuse before touching anything
     with _os_errors(f"--output-dir {folder}: cannot be created"):
@@ -490,16 +477,20 @@ class _NoFolder:
         return False
 
 
-def open_output(output_dir: str | None, command: str, settings: dict, inputs: dict, overwrite: bool = False):
+def open_output(output_dir: str | None, command: str, settings: dict, inputs: dict, overwrite: bool = False,
+                full_fingerprint: bool = False):
     """`with open_output(...) as folder:` the RunFolder for --output-dir, or None without one."""
     if not output_dir:
         return _NoFolder()
-    return open_run_folder(output_dir, command, settings, inputs, overwrite=overwrite)
+    return open_run_folder(output_dir, command, settings, inputs, overwrite=overwrite,
+                           full_fingerprint=full_fingerprint)
 
 
 def open_run_output(command: str, config, settings: dict, inputs: dict, resume: bool = False):
-    """The output folder of `command` run with a RunConfig (its output_dir, overwrite, RESUMABLE), or None."""
+    """The output folder of `command` run with a RunConfig (its output_dir, overwrite, RESUMABLE, and
+    full_fingerprint once the config has that field), or None."""
     if not config.output_dir:
         return None
     return open_run_folder(config.output_dir, command, settings, inputs, resume=resume,
-                           overwrite=config.overwrite, ignore=type(config).RESUMABLE)
+                           overwrite=config.overwrite, ignore=type(config).RESUMABLE,
+                           full_fingerprint=bool(getattr(config, "full_fingerprint", False)))
