@@ -987,3 +987,15 @@ def test_a_long_full_fingerprint_shows_a_bar(tmp_path, sampled, monkeypatch, cap
     assert "fingerprint" not in capsys.readouterr().err
     sampled.fingerprint(draft, full=True)
     assert "fingerprint (every byte" in capsys.readouterr().err
+
+
+# -- messages that name the right cause -------------------------------------------------------------------
+
+def test_a_folder_given_for_a_file_says_it_is_a_folder(tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "t.jinja").write_bytes(b"\xff\xfe{{ bad }}")
+    for args, said in ((["--prompts", str(tmp_path / "p")], "is a folder; --prompts is a JSONL file"),
+                       (["--chat-template", str(tmp_path / "p")], "is a folder, a Jinja template file"),
+                       (["--chat-template", str(tmp_path / "t.jinja")], "not a UTF-8 text file")):
+        line = _one_error(_cli(["run", "--limit", "1", "--max-new-tokens", "4"] + args))
+        assert said in line and "does not exist" not in line

@@ -89,6 +89,9 @@ def _read(config: RunConfig) -> tuple[list[Question], str, dict]:
 
 
 def _existing(path: str) -> Path:
+    if Path(path).is_dir():
+        raise DataError(f"{path}: is a folder; --prompts is a JSONL file (a benchmark folder saved with "
+                        "save_to_disk goes to --dataset)")
     if not Path(path).is_file():
         raise DataError(f"{path}: prompts file does not exist")
     return Path(path)
