@@ -999,3 +999,17 @@ def test_a_folder_given_for_a_file_says_it_is_a_folder(tmp_path):
                        (["--chat-template", str(tmp_path / "t.jinja")], "not a UTF-8 text file")):
         line = _one_error(_cli(["run", "--limit", "1", "--max-new-tokens", "4"] + args))
         assert said in line and "does not exist" not in line
+
+
+def test_the_ablation_table_says_the_advice_when_it_has_one(saved):
+    from eagle_eval.results.advice import Timings, advise, settings_from_rows
+    from eagle_eval.results.report import render_ablation
+
+    result = json.loads((saved["ablation"] / "ablation.json").read_text())
+    assert "best overall:" in render_ablation(result)                      # as ablate writes it today
+    noisy = Timings(target_ms=_noisy(10, 0.4), draft_ms=_noisy(10 / 6, 0.4, seed=1))   # c = 1/6: S_1 = S_2
+    result["advice"] = advise(settings_from_rows(result["rows"]), noisy).as_dict()
+    text = render_ablation(result)
+    line = next(ln for ln in text.splitlines() if ln.startswith("overall: "))
+    assert "best overall:" not in text and line.startswith("overall: undecided between base num_steps=")
+    assert "base num_steps=1" in line and "base num_steps=2" in line and "includes 0" in line
