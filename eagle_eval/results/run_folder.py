@@ -39,7 +39,8 @@ from eagle_eval.results.fingerprints import file_digest, fingerprint, same_conte
 
 OWNER_FILE = "eagle_eval_run.json"
 LOCK_FILE = ".eagle-eval.lock"
-OWNER_SCHEMA = 2              # 2: "files" maps each name to the sha256 and size of what was written
+OWNER_SCHEMA = 3              # 2: "files" maps each name to the sha256 and size of what was written;
+#                               3: each input's fingerprint says its method and what it covers (fingerprints.py)
 # names older eagle-eval versions wrote: such a folder is recognised as eagle-eval's (never resumed)
 KNOWN_FILES = frozenset({"report.json", "samples.jsonl", "run_config.json", "acceptance.csv", "profile.json",
                          "ablation.json", "ablation.csv", "ablation.png", "diagnosis.json", "server_check.json"})
