@@ -125,6 +125,15 @@ def test_diagnose_never_reports_an_integer_weight_as_fp32(tmp_path):
     assert "i16" in found[0].message or "int16" in found[0].message
 
 
+@pytest.mark.parametrize("cmd", [["diagnose", "--no-sweep", "--no-template-check"], ["run"]])
+def test_diagnose_and_run_refuse_an_integer_weight_in_one_line(tmp_path, cmd):
+    def edit(t):
+        t["lm_head.weight"] = (t["lm_head.weight"] * 100).to(torch.int32)
+
+    line = _one_error(_cli(cmd + ["--limit", "1", "--max-new-tokens", "4", "--draft", str(_draft(tmp_path, edit))]))
+    assert "'lm_head.weight' is stored as int32" in line and "fp32" not in line.split("expected")[0]
+
+
 def _head_with(tmp_path, edit):
     from eagle_eval.models.heads.io import load_head
     return load_head(_draft(tmp_path, edit))
