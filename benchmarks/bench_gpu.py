@@ -32,12 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eagle_eval.api import Oracle, profile  # noqa: E402
-from eagle_eval.config import ProfileConfig, RunConfig  # noqa: E402
-from eagle_eval.models.capture import resolve_aux_layers  # noqa: E402
+from eagle_eval.api import profile_prompts  # noqa: E402
 from eagle_eval.models.heads.io import vocab_map_from_used  # noqa: E402
 from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig  # noqa: E402
-from eagle_eval.models.target import Target  # noqa: E402
+from eagle_eval.oracle import oracle_from_models  # noqa: E402
+from eagle_eval.results.records import Prompt  # noqa: E402
+from eagle_eval.settings import ProfileOptions, Settings  # noqa: E402
 from eagle_eval.speculative import chain  # noqa: E402
 from eagle_eval.speculative.draft import DraftState  # noqa: E402
 from eagle_eval.speculative.greedy import plain_greedy  # noqa: E402
@@ -91,18 +91,9 @@ def build(shape, device, dtype):
 
 def make_oracle(model, head, num_steps, max_new, aux_hf=None):
     """An Oracle over an in-memory target + head; aux_hf: HF indices (default: the engine defaults)."""
-    target = Target(model)
-    device = target.output_device
-    head.to(device)
-    table = model.get_input_embeddings()
-    embed = lambda ids: table(ids.to(table.weight.device)).to(device)          # noqa: E731
-    aux = resolve_aux_layers(target.num_layers, cli_ids=aux_hf, cli_convention="hf")
-    spec = chain.Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf)
-    cfg = RunConfig(num_steps=num_steps, max_new_tokens=max_new, prompts="(in memory)")
-    resolved = {"num_steps": num_steps, "topk": 1, "num_draft_tokens": num_steps + 1, "aux_layers": aux.as_dict(),
-                "embedding": "target", "dtype": str(model.dtype)}
-    return Oracle(config=cfg, speculator=spec, tokenizer=SimpleNamespace(pad_token_id=0), eos_ids=set(),
-                  resolved=resolved)
+    settings = Settings.of(num_steps=num_steps, max_new_tokens=max_new, draft_embedding="target",
+                           aux_layers=aux_hf, aux_convention="hf")
+    return oracle_from_models(model, head, settings)
 
 
 def bench_loop(oracle, prompts, s, max_new):
@@ -145,25 +136,20 @@ def bench_loop(oracle, prompts, s, max_new):
             "overhead": cycle / parts - 1, "tokens": runs[-1].output_ids}
 
 
-def bench_profile(oracle, prompts, max_steps, max_new, loop_prompts, tmp):
+def bench_profile(oracle, prompts, max_steps, max_new, loop_prompts):
     spec = oracle.speculator
-    rows = [{"id": f"p{i}", "input_ids": p} for i, p in enumerate(prompts)]
-    pfile = Path(tmp) / "prompts.jsonl"
-    pfile.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = RunConfig(prompts=str(pfile), max_new_tokens=max_new, num_steps=5)
-    oracle.config = run
+    items = [Prompt(id=f"p{i}", category="", input_ids=p) for i, p in enumerate(prompts)]
+    oracle = oracle.with_(max_new_tokens=max_new, num_steps=5)
     log = lambda msg: print(f"  [profile] {msg} at {time.perf_counter() - t_start:.1f}s", flush=True)  # noqa: E731
     t_start = time.perf_counter()
     t0 = time.perf_counter()
-    res = profile(ProfileConfig(run=run, max_steps=max_steps, batch_tokens=32768), progress=False, oracle=oracle)
+    res = profile_prompts(oracle, items, ProfileOptions(max_steps=max_steps, batch_tokens=32768))
     sync()
     t_profile = time.perf_counter() - t0
     log("profile with generation done")
-    resp = Path(tmp) / "responses.jsonl"
-    resp.write_text("".join(json.dumps({"id": s.id, "output_ids": s.output_ids}) + "\n" for s in res.samples))
     t0 = time.perf_counter()
-    res_r = profile(ProfileConfig(run=run, max_steps=max_steps, responses=str(resp), batch_tokens=32768),
-                    progress=False, oracle=oracle)
+    res_r = profile_prompts(oracle, items, ProfileOptions(max_steps=max_steps, batch_tokens=32768),
+                            [s.output_ids for s in res.samples])
     sync()
     t_responses = time.perf_counter() - t0
     log("profile with responses done")
@@ -308,8 +294,7 @@ def main():
         print(json.dumps(results["split"]), flush=True)
         oracle = oracle2
     if "profile" in sections:
-        import tempfile
-        results["profile"] = bench_profile(oracle, prompts, 8, new, loop_prompts, tempfile.mkdtemp())
+        results["profile"] = bench_profile(oracle, prompts, 8, new, loop_prompts)
         print(json.dumps(results["profile"]), flush=True)
     if "loop" in results:
         results["loop"].pop("tokens")

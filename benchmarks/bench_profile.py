@@ -15,44 +15,43 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle_eval import api  # noqa: E402
-from eagle_eval.config import ProfileConfig, RunConfig  # noqa: E402
+from eagle_eval.settings import ProfileOptions, Settings  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
-    base = RunConfig()
-    ap.add_argument("--target", default=base.target)
-    ap.add_argument("--draft", default=base.draft)
-    ap.add_argument("--prompts", default=base.prompts)
+    base = Settings.of()
+    ap.add_argument("--target", default=base.model.target)
+    ap.add_argument("--draft", default=base.model.draft)
+    ap.add_argument("--prompts", default=base.workload.prompts)
     ap.add_argument("--max-steps", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=None, help="write bench_profile.json here")
     args = ap.parse_args()
-    run = RunConfig(target=args.target, draft=args.draft, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
+    run = Settings.of(target=args.target, draft=args.draft, prompts=args.prompts, max_new_tokens=args.max_new_tokens)
     oracle = api.load_oracle(run)
 
     t0 = time.perf_counter()
-    prof = api.profile(ProfileConfig(run=run, max_steps=args.max_steps), progress=False, oracle=oracle)
+    prof = api.profile(run, ProfileOptions(max_steps=args.max_steps), progress=False, oracle=oracle)
     t_profile = time.perf_counter() - t0
     responses = Path(tempfile.mkdtemp()) / "responses.jsonl"
     responses.write_text("".join(json.dumps({"id": s.id, "output_ids": s.output_ids}) + "\n" for s in prof.samples))
     t0 = time.perf_counter()
-    again = api.profile(ProfileConfig(run=run, max_steps=args.max_steps, responses=str(responses)), progress=False,
+    again = api.profile(run, ProfileOptions(max_steps=args.max_steps, responses=str(responses)), progress=False,
                         oracle=oracle)
     t_responses = time.perf_counter() - t0
 
     t_loop, equal, taus = 0.0, True, {}
+    prompts = api.checked_workload(oracle).first_prompts
     for s in range(1, args.max_steps + 1):
-        oracle.config = replace(run, num_steps=s)
-        oracle.resolved["num_draft_tokens"] = s + 1
+        variant = oracle.with_(num_steps=s)
         t0 = time.perf_counter()
-        samples = [oracle.decode(p, check_lossless=False) for p in _prompts(oracle, run)]
+        samples = [variant.decode(p) for p in prompts]
         t_loop += time.perf_counter() - t0
         for a, b in zip(samples, prof.samples):
             equal &= a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"][str(s)]
@@ -69,11 +68,6 @@ def main():
           f"identical acceptance: {equal}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
-
-
-def _prompts(oracle, run):
-    from eagle_eval.workload.conversations import load_workload
-    return load_workload(run, oracle.tokenizer).first_prompts
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def main() -> int:
     from quant_fixtures import make_fp8_target, write_dequantized_copy
 
     from eagle_eval import api
-    from eagle_eval.config import ProfileConfig, RunConfig
+    from eagle_eval.settings import ProfileOptions, Settings
     from eagle_eval.models.target import load_target
     from eagle_eval.workload.conversations import load_workload
 
@@ -43,7 +43,7 @@ def main() -> int:
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="quant-gpu-"))
     target = make_fp8_target(root / "fp8")
-    cfg = RunConfig(target=str(target), draft=str(make_head(root / "head")),
+    cfg = Settings.of(target=str(target), draft=str(make_head(root / "head")),
                     prompts=str(write_prompts(root / "prompts.jsonl", n=4)), max_new_tokens=24, num_steps=3,
                     aux_layers=(0, 1, 2), aux_convention="hf", dtype=args.dtype, device_map="cuda:0",
                     fp8_matmul=args.fp8_matmul)
@@ -63,16 +63,16 @@ def main() -> int:
         return 1
     loop = api.evaluate(cfg, progress=False)
     rows = []
-    for sample, prompt in zip(loop.samples, load_workload(cfg, oracle.tokenizer).first_prompts):
+    for sample, prompt in zip(loop.samples, load_workload(cfg.workload, oracle.tokenizer).first_prompts):
         ids = torch.tensor([prompt.input_ids], device="cuda:0")
-        ref = model.generate(ids, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+        ref = model.generate(ids, max_new_tokens=cfg.workload.max_new_tokens, do_sample=False,
                              eos_token_id=sorted(oracle.eos_ids), pad_token_id=0)[0, ids.shape[1]:].tolist()
         rows.append({"id": sample.id, "equal_to_generate": sample.output_ids == ref,
                      "tokens": len(ref), "cycles": len(sample.accepted_per_cycle)})
     summary["prompts"] = rows
     summary["lossless_vs_generate"] = all(r["equal_to_generate"] for r in rows)
     summary["accept_length"] = loop.report["summary"]["accept_length"]
-    prof = api.profile(ProfileConfig(run=cfg, max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
+    prof = api.profile(cfg, ProfileOptions(max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
     summary["profile_equals_loop"] = prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
     ok = summary["lossless_vs_generate"] and summary["profile_equals_loop"]
     if args.dtype == "fp32":

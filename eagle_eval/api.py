@@ -1,73 +1,27 @@
 """The Python API: what the CLI, diagnose, server-check and test suites call.
 
-`load_oracle(config)` (a loaded target + head, eagle_eval/oracle.py), `evaluate(config)` (the
-reference loop over a workload, here), `profile(pcfg)` (every num_steps from one teacher-forced pass,
-eagle_eval/profiling.py) and `ablate(pcfg, variants)` (eagle_eval/ablate.py). Together they are the
-only code that wires the stages: load (target, head, prompts) -> capture -> draft -> verify -> record
--> report. Every resolved setting is in `Oracle.resolved` and echoed in every report.
+Settings (`eagle_eval.settings.Settings`, built with `Settings.of(**flat)` or group by group) -> an
+`Oracle` (`load_oracle`; `oracle.with_(...)` for a variant that reuses the loaded weights) -> the
+commands over it: `evaluate` (the reference loop over a workload), `profile` (every num_steps from one
+teacher-forced pass), `ablate` (variants, each profiled). `run_prompts` / `profile_prompts` take prompts
+in memory. Every resolved setting is in `Oracle.resolved` (a typed `Resolved`) and echoed in every report.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from eagle_eval.ablate import ablate  # noqa: F401
-from eagle_eval.config import RunConfig
-from eagle_eval.oracle import (  # noqa: F401
+from eagle_eval.commands.ablate import ablate
+from eagle_eval.commands.profile import ProfileResult, profile, profile_oracle, profile_prompts
+from eagle_eval.commands.run import RunResult, evaluate, run_prompts
+from eagle_eval.oracle import (
     SGLANG_TOPK1_MESSAGE,
     Oracle,
+    Resolved,
     checked_workload,
     load_oracle,
-    resolve_speculative,  # noqa: F401
+    resolve_speculative,
 )
-from eagle_eval.profiling import ProfileResult, profile  # noqa: F401
-from eagle_eval.results.records import SampleRecord
-from eagle_eval.results.report import build_report
-from eagle_eval.results.resume import resumed_rows, workload_digests
-from eagle_eval.results.run_folder import open_run_output
-from eagle_eval.results.tables import write_csv
-from eagle_eval.workload.conversations import run_turns
+from eagle_eval.settings import AblateOptions, LoopOptions, ProfileOptions, Settings
 
-
-@dataclass
-class RunResult:
-    report: dict
-    samples: list[SampleRecord]
-
-
-def evaluate(config: RunConfig, progress: bool = True) -> RunResult:
-    """Run the reference loop over the prompts; with output_dir, write samples.jsonl as it goes."""
-    torch.manual_seed(config.seed)
-    folder = open_run_output("run", config, config.as_dict(), config.input_paths(), resume=config.resume)
-    try:
-        return _evaluate(config, folder, progress)
-    finally:
-        if folder is not None:
-            folder.close()
-
-
-def _evaluate(config: RunConfig, folder, progress: bool) -> RunResult:
-    from tqdm import tqdm
-
-    oracle = load_oracle(config)
-    workload = checked_workload(config, oracle)
-    done = []
-    if folder is not None:
-        folder.record_workload(workload_digests(workload.first_prompts), config.resume)
-        done = resumed_rows(folder, workload) if config.resume else []
-    finished = {s.id: s for s in done}
-    samples = list(done)
-    for rec in tqdm(run_turns(workload, oracle.decode, finished), total=workload.pending(finished),
-                    desc="prompts", unit="prompt", disable=not progress):
-        samples.append(rec)
-        if folder is not None:
-            folder.append_row("samples.jsonl", rec.to_json())
-    report = build_report(config, {**oracle.resolved, **workload.resolved}, samples,
-                          oracle.warnings + workload.warnings, sample_prompt=workload.sample_prompt)
-    if folder is not None:
-        folder.write_json("report.json", report)
-        folder.write_with("acceptance.csv", lambda path: write_csv(path, [(None, report)]))
-        folder.finish()
-    return RunResult(report=report, samples=samples)
+__all__ = ["Settings", "LoopOptions", "ProfileOptions", "AblateOptions", "Oracle", "Resolved", "load_oracle",
+           "checked_workload", "resolve_speculative", "SGLANG_TOPK1_MESSAGE", "evaluate", "run_prompts",
+           "RunResult", "profile", "profile_oracle", "profile_prompts", "ProfileResult", "ablate"]

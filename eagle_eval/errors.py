@@ -3,23 +3,7 @@
 Every wing's error for bad input (a file, a key, an option, a server's answer) subclasses `UserError`;
 the CLI catches `UserError` (and `FileNotFoundError`) and prints one line with exit status 2, never a
 traceback. This module imports nothing of eagle-eval's.
-
-Exit statuses, one table for every command (`results/findings.decide` maps findings onto it):
-
-| status | name               | meaning |
-|--------|--------------------|---------|
-| 0      | `EXIT_OK`          | done; no finding fails the check |
-| 1      | `EXIT_FAILED`      | a finding that fails the check (an error-level finding, a mismatch, a lossless divergence) |
-| 2      | `EXIT_BAD_INPUT`   | bad input or environment (`UserError`): one line, nothing measured |
-| 3      | `EXIT_UNDECIDED`   | nothing failed, but a check could not decide (undecided / incomplete) |
-| 130    | `EXIT_INTERRUPTED` | Ctrl-C (128 + SIGINT), what was kept is said |
 """
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNDECIDED = 3
-EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -27,3 +11,22 @@ class UserError(Exception):
 
 
 USER_ERRORS = (UserError, FileNotFoundError)
+
+
+class ExitCode:
+    """Every command's exit status (docs/exit-codes.md): one table, used by every command."""
+    OK = 0            # the command ran and nothing it checks failed
+    FAILED = 1        # a finding that fails the check: a load-time error, a mismatch, a lossless divergence,
+                      # a server that disagrees, a target that does not fit
+    BAD_INPUT = 2     # bad input or environment: one line naming the file, key or option
+    UNDECIDED = 3     # the data cannot decide (an interval straddles the bound, a field the check needs is missing)
+    INTERRUPTED = 130  # Ctrl-C: what was written so far is kept and named
+
+
+class CheckFailed(Exception):
+    """A command stopped because something it checks failed (exit 1), e.g. a head whose load-time checks found
+    an error; `report` holds what was measured so far (rendered by the CLI)."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report

@@ -1,24 +1,28 @@
-"""The oracle: a loaded target + EAGLE-3 head wired as a RunConfig says, and the prompts it can take.
+"""The oracle: a loaded target + EAGLE-3 head wired as `Settings` say, and every setting it resolved.
 
-Contract: `load_oracle(config)` loads the target and the head, resolves every setting once (aux
-layers in all conventions and what each engine taps, embedding table, vocab map, steps/topk/draft
-tokens really used, the head's training accuracy) into `Oracle.resolved`, and runs the load-time
-checks; `Oracle.decode` runs the reference loop on one prompt. `checked_workload` loads the prompts
-and refuses those the target cannot take. Reached through `eagle_eval.api`.
+Contract: `load_oracle(settings)` loads the weights (`load_models`: the target, its tokenizer, the head
+file; done once per `ModelSettings`) and wires them (`wire`): aux layers in every convention and what each
+engine taps, the embedding table, the vocab map, the steps/topk/draft tokens really used, the head's
+training accuracy, the load-time checks, all in a typed `Resolved`. `oracle.with_(**changes)` is the same
+oracle with some settings changed: a change that leaves `settings.model` alone rewires the weights already
+loaded (an ablation over aux layers, steps, embeddings or positions loads the target and the head once);
+one that touches it loads again. `Oracle.decode` runs the reference loop on one prompt; `checked_workload`
+loads the prompts and refuses those the target cannot take.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.models.capture import engine_taps, resolve_aux_layers, sglang_deepseek_family
-from eagle_eval.models.heads.io import load_head
+from eagle_eval.models.capture import AuxLayers, engine_taps, resolve_aux_layers, sglang_deepseek_family
+from eagle_eval.models.heads.io import LoadedHead, load_head
+from eagle_eval.models.target import Target, TargetInfo, load_target
 from eagle_eval.results.records import Prompt, SampleRecord
+from eagle_eval.settings import ConfigError, ModelSettings, Settings
 from eagle_eval.speculative.chain import Speculator, speculative_decode
 from eagle_eval.speculative.greedy import first_divergence, plain_greedy
 from eagle_eval.workload.conversations import load_workload
@@ -27,6 +31,7 @@ log = logging.getLogger("eagle_eval")
 
 SGLANG_TOPK1_MESSAGE = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
                         "when speculative_eagle_topk == 1")
+ACCEPT_LENGTH_DEFINITION = "mean over verify cycles of (accepted drafts + 1), bonus counted"
 
 
 def resolve_speculative(num_steps: int, topk: int, num_draft_tokens: int | None) -> tuple[int, list[str]]:
@@ -54,47 +59,174 @@ def _resolve_dtype(dtype: str) -> str:
     return "bf16" if torch.cuda.is_available() else "fp32"
 
 
+@dataclass(frozen=True)
+class VocabMap:
+    draft_vocab_size: int
+    vocab_size: int
+    d2t: str                          # "checkpoint" | "none (full vocab)"
+    d2t_identity: bool
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    path: str
+    dialect: str
+    weights: str
+    kind: str                         # "llama" | "mla"
+    mla: dict | None
+    norm_before_residual: bool
+    rope_theta: float
+    rope_scaling: dict | None
+    variant: dict
+    keys: dict | None
+
+    def as_dict(self) -> dict:
+        d = {"path": self.path, "dialect": self.dialect, "weights": self.weights, "kind": self.kind}
+        if self.mla is not None:
+            d["mla"] = self.mla
+        d.update(norm_before_residual=self.norm_before_residual, rope_theta=self.rope_theta,
+                 rope_scaling=self.rope_scaling, variant=self.variant, keys=self.keys)
+        return d
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the run really used: every setting after resolution, echoed in every report."""
+    num_steps: int
+    topk: int
+    num_draft_tokens: int             # as used (SGLang's topk == 1 adjustment applied)
+    num_draft_tokens_given: int | None
+    eagle_params: dict | None
+    aux: AuxLayers
+    engines: dict                     # engine -> capture.EngineTaps: what each engine taps for this head's config
+    embedding: str                    # which table embeds the draft's tokens, in words
+    vocab_map: VocabMap
+    head: HeadInfo
+    target: TargetInfo
+    draft_device: str
+    dtype: str
+    position_offset: int
+    train_acc: dict | None            # {"acc": [...], "source": ...}
+    sanity: tuple = ()                # load-time findings (results.findings.Finding)
+
+    @property
+    def embedding_table(self) -> str:
+        """"target" or "own": the table `embedding` names."""
+        return "target" if self.embedding.startswith("target") else "own"
+
+    def as_dict(self) -> dict:
+        """The keys report.json holds under `config` beside the settings."""
+        return {
+            "num_steps": self.num_steps, "topk": self.topk, "num_draft_tokens": self.num_draft_tokens,
+            "num_draft_tokens_given": self.num_draft_tokens_given, "eagle_params": self.eagle_params,
+            "aux_layers": {**self.aux.as_dict(), "engines": {e: t.as_dict() for e, t in self.engines.items()}},
+            "embedding": self.embedding, "vocab_map": self.vocab_map.__dict__.copy(), "head": self.head.as_dict(),
+            "target": {**self.target.__dict__, "devices": list(self.target.devices)},
+            "draft_device": self.draft_device, "dtype": self.dtype, "position_offset": self.position_offset,
+            "accept_length_definition": ACCEPT_LENGTH_DEFINITION, "train_acc": self.train_acc,
+            "sanity": [f.as_dict() for f in self.sanity],
+        }
+
+
+@dataclass
+class Loaded:
+    """What loading `model` settings gives: shared by every oracle wired from the same weights."""
+    model: ModelSettings
+    dtype: str                        # resolved
+    target: Target
+    tokenizer: object
+    head: LoadedHead
+    eos_ids: frozenset
+    weight_checks: dict = field(default_factory=dict)    # sanity's cache of weight-only findings
+
+
+def load_models(model: ModelSettings) -> Loaded:
+    """Load the target and the head of `model`, the head cast to the target's dtype on the device of its lm_head."""
+    dtype = _resolve_dtype(model.dtype)
+    target, tokenizer = load_target(model.target, dtype=dtype, device_map=model.device_map,
+                                    max_memory=model.max_memory, trust_remote_code=model.trust_remote_code,
+                                    fp8_matmul=model.fp8_matmul)
+    head = load_head(model.draft, allow_unknown_keys=model.allow_unknown_head_keys)
+    cfg = head.head.config
+    if cfg.vocab_size != target.info.vocab_size:
+        raise ConfigError(f"{head.path}/config.json: vocab_size={cfg.vocab_size} but the target "
+                          f"{model.target} has {target.info.vocab_size} output logits")
+    if cfg.target_hidden_size != target.info.hidden_size:
+        raise ConfigError(f"{head.path}/config.json: target_hidden_size={cfg.target_hidden_size} "
+                          f"but the target's hidden_size is {target.info.hidden_size}")
+    head.head.to(device=target.output_device, dtype=target.model.dtype)
+    return Loaded(model=model, dtype=dtype, target=target, tokenizer=tokenizer, head=head,
+                  eos_ids=frozenset(_eos_ids(tokenizer, target.model)))
+
+
 @dataclass
 class Oracle:
     """A loaded target + head with every setting resolved; decodes prompts with the reference loop."""
-    config: RunConfig
+    settings: Settings
+    resolved: Resolved
     speculator: Speculator
-    tokenizer: object
-    eos_ids: set[int]
-    resolved: dict
+    loaded: Loaded
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def eos_ids(self) -> set[int]:
+        return set(self.loaded.eos_ids)
+
+    def with_(self, **changes) -> "Oracle":
+        """This oracle with the settings named changed (flat names, as `Settings.with_`); the loaded target
+        and head are reused unless a model setting changes."""
+        settings = self.settings.with_(**changes)
+        if settings.model == self.settings.model:
+            return wire(settings, self.loaded)
+        return load_oracle(settings)
+
+    def refuse_load_errors(self) -> None:
+        """Stop (errors.CheckFailed, exit 1) when a load-time check found an error, unless --allow-load-errors."""
+        from eagle_eval.errors import CheckFailed
+        from eagle_eval.results.findings import render_findings
+
+        bad = [f for f in self.resolved.sanity if f.severity == "error"]
+        if bad and not self.settings.model.allow_load_errors:
+            raise CheckFailed("load-time checks found an error, so the head or target cannot give a meaningful "
+                              "number; nothing was decoded (--allow-load-errors measures anyway):\n"
+                              + render_findings(bad))
 
     def limits(self, extra: int | None = None) -> tuple[int, int | None, int, str]:
         """(vocab size, max positions, positions a decode adds past the prompt, what sets the maximum)
         for check_prompts. A decode (`extra` None) of a target with sliding-window KV layers stays
         below the window: such a layer cannot be rolled back once full (Target.rollback)."""
-        info, cfg = self.speculator.target.info, self.config
-        verify = max(cfg.num_steps, self.resolved["num_draft_tokens"])     # positions one verify adds
+        info, r = self.speculator.target.info, self.resolved
+        max_new = self.settings.workload.max_new_tokens
+        verify = max(r.num_steps, r.num_draft_tokens)     # positions one verify adds
         window = info.sliding_window if extra is None else None
         if window is not None and (info.max_positions is None or window - 1 < info.max_positions):
             bound = (f"sliding window {window}, less one: the loop cannot roll back a full sliding-window KV layer; "
                      "`profile` has no such limit")
-            return info.vocab_size, window - 1, cfg.max_new_tokens + verify + 1, bound
-        return (info.vocab_size, info.max_positions, cfg.max_new_tokens + verify + 1 if extra is None else extra,
+            return info.vocab_size, window - 1, max_new + verify + 1, bound
+        return (info.vocab_size, info.max_positions, max_new + verify + 1 if extra is None else extra,
                 "max_position_embeddings")
 
-    def decode(self, prompt: Prompt, check_lossless: bool | None = None) -> SampleRecord:
+    def decode(self, prompt: Prompt, check_lossless: bool = False) -> SampleRecord:
         from eagle_eval.workload.data import check_length
 
-        cfg = self.config
+        r, max_new = self.resolved, self.settings.workload.max_new_tokens
         _, max_positions, extra, bound = self.limits()
         check_length(prompt, max_positions, extra, "the workload", bound)
-        d = speculative_decode(self.speculator, prompt.input_ids, cfg.num_steps, cfg.max_new_tokens,
-                               self.eos_ids, cfg.topk, self.resolved["num_draft_tokens"])
+        d = speculative_decode(self.speculator, prompt.input_ids, r.num_steps, max_new, self.eos_ids, r.topk,
+                               r.num_draft_tokens)
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
                            output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
                            emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
-        if cfg.topk > 1:
+        if r.topk > 1:
             rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
             rec.extra["tree_shape_per_cycle"] = d.tree_shape_per_cycle
-        if cfg.check_lossless if check_lossless is None else check_lossless:
+        if check_lossless:
             target = self.speculator.target
-            greedy = plain_greedy(target, prompt.input_ids, cfg.max_new_tokens, self.eos_ids)
+            greedy = plain_greedy(target, prompt.input_ids, max_new, self.eos_ids)
             rec.divergence = first_divergence(target, prompt.input_ids, d.output_ids, greedy)
             rec.lossless = rec.divergence is None
         return rec
@@ -111,7 +243,7 @@ def _eos_ids(tokenizer, model) -> set[int]:
     return ids
 
 
-def _choose_embedding(choice: str, loaded, target) -> tuple[object, str]:
+def _choose_embedding(choice: str, loaded: LoadedHead, target) -> tuple[object, str]:
     """(embedding module, which table) following --draft-embedding (vLLM's rule for `auto`)."""
     head = loaded.head
     target_table = target.input_embeddings
@@ -131,42 +263,48 @@ def _choose_embedding(choice: str, loaded, target) -> tuple[object, str]:
     return target_table, "target (the target's embed_tokens)"
 
 
-def _train_acc(config: RunConfig, head_dir) -> dict | None:
+def _train_acc(model: ModelSettings, head_dir) -> dict | None:
     """The head's training-time per-step accuracy: --train-acc, else the head folder's file, else None."""
     from eagle_eval.models.training_metrics import read_train_acc
 
-    if config.train_acc is not None:
-        return {"acc": list(config.train_acc), "source": "--train-acc"}
+    if model.train_acc is not None:
+        return {"acc": list(model.train_acc), "source": "--train-acc"}
     found = read_train_acc(head_dir)
     return {"acc": list(found[0]), "source": found[1]} if found else None
 
 
-def load_oracle(config: RunConfig) -> Oracle:
-    from eagle_eval.models.target import load_target
+def _head_info(loaded: LoadedHead) -> HeadInfo:
+    cfg = loaded.head.config
+    return HeadInfo(path=loaded.path, dialect=loaded.dialect, weights=loaded.weights_file, kind=cfg.kind,
+                    mla=cfg.variant()["mla"] if cfg.mla else None, norm_before_residual=cfg.norm_before_residual,
+                    rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, variant=cfg.variant(),
+                    keys=loaded.key_audit.as_dict() if loaded.key_audit is not None else None)
 
-    notes = []
-    num_draft_tokens, spec_notes = resolve_speculative(config.num_steps, config.topk, config.num_draft_tokens)
-    notes += spec_notes
-    dtype = _resolve_dtype(config.dtype)
-    target, tokenizer = load_target(config.target, dtype=dtype, device_map=config.device_map,
-                                    max_memory=config.max_memory, trust_remote_code=config.trust_remote_code,
-                                    fp8_matmul=config.fp8_matmul)
-    loaded = load_head(config.draft, allow_unknown_keys=config.allow_unknown_head_keys)
-    notes += loaded.key_notes
-    head = loaded.head
-    if head.config.vocab_size != target.info.vocab_size:
-        raise ConfigError(f"{loaded.path}/config.json: vocab_size={head.config.vocab_size} but the target "
-                          f"{config.target} has {target.info.vocab_size} output logits")
-    if head.config.target_hidden_size != target.info.hidden_size:
-        raise ConfigError(f"{loaded.path}/config.json: target_hidden_size={head.config.target_hidden_size} "
-                          f"but the target's hidden_size is {target.info.hidden_size}")
-    aux = resolve_aux_layers(target.num_layers, head.config.num_aux, config.aux_layers, config.aux_convention,
-                             loaded.aux_ids_sglang, loaded.aux_ids_vllm)
+
+def load_oracle(settings: Settings, like: Oracle | None = None) -> Oracle:
+    """Load the weights of `settings.model` and wire them as the rest of `settings` says; `like`: an oracle
+    whose loaded weights are reused when its model settings are the same (a test suite's, a caller's)."""
+    if like is not None and like.settings.model == settings.model:
+        return wire(settings, like.loaded)
+    return wire(settings, load_models(settings.model))
+
+
+def wire(settings: Settings, loaded: Loaded) -> Oracle:
+    """An oracle over already loaded weights: every setting resolved, the load-time checks run."""
+    from eagle_eval.models.checks.sanity import load_findings
+
+    spec_s, target, lh = settings.speculation, loaded.target, loaded.head
+    if not settings.decoding.greedy:
+        raise ConfigError(f"--temperature {settings.decoding.temperature}: sampling is not implemented yet "
+                          "(temperature 0 only)")
+    num_draft_tokens, notes = resolve_speculative(spec_s.num_steps, spec_s.topk, spec_s.num_draft_tokens)
+    notes = list(lh.key_notes) + notes
+    head = lh.head
+    aux = resolve_aux_layers(target.num_layers, head.config.num_aux, spec_s.aux_layers, spec_s.aux_convention,
+                             lh.aux_ids_sglang, lh.aux_ids_vllm)
     draft_device = target.output_device
-    head.to(device=draft_device, dtype=target.model.dtype)
-    table, table_name = _choose_embedding(config.draft_embedding, loaded, target)
-    table_device = table.weight.device
-    dtype_t = head.lm_head.weight.dtype
+    table, table_name = _choose_embedding(spec_s.draft_embedding, lh, target)
+    table_device, dtype_t = table.weight.device, head.lm_head.weight.dtype
 
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return table(ids.to(table_device)).to(draft_device, dtype_t)
@@ -174,50 +312,51 @@ def load_oracle(config: RunConfig) -> Oracle:
     reduced = head.config.draft_vocab_size < head.config.vocab_size
     d2t_identity = bool((head.d2t == 0).all())
     if reduced and d2t_identity:
-        notes.append(f"{loaded.weights_file}: d2t is all zeros (identity) on a reduced draft vocab "
+        notes.append(f"{lh.weights_file}: d2t is all zeros (identity) on a reduced draft vocab "
                      f"({head.config.draft_vocab_size} < {head.config.vocab_size}): draft ids map to "
                      "the first target ids, which is almost certainly wrong")
     for n in notes:
-        warnings.warn(n, stacklevel=2)
-    resolved = {
-        "num_steps": config.num_steps, "topk": config.topk, "num_draft_tokens": num_draft_tokens,
-        "num_draft_tokens_given": config.num_draft_tokens,
-        "eagle_params": ({"depth": config.eagle_depth, "top_k": config.eagle_top_k,
-                          "total_token": config.eagle_total_token,
-                          "conversion": "num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token"}
-                         if config.eagle_depth is not None else None),
-        "aux_layers": {**aux.as_dict(), "engines": {e: t.as_dict() for e, t in engine_taps(
-            target.num_layers, loaded.aux_ids_sglang, loaded.aux_ids_vllm,
-            deepseek_family=sglang_deepseek_family(target.model.config)).items()}},
-        "embedding": table_name,
-        "vocab_map": {"draft_vocab_size": head.config.draft_vocab_size, "vocab_size": head.config.vocab_size,
-                      "d2t": "checkpoint" if loaded.d2t_in_checkpoint else "none (full vocab)",
-                      "d2t_identity": d2t_identity},
-        "head": {"path": loaded.path, "dialect": loaded.dialect, "weights": loaded.weights_file,
-                 "kind": head.config.kind, **({"mla": head.config.variant()["mla"]} if head.config.mla else {}),
-                 "norm_before_residual": head.config.norm_before_residual,
-                 "rope_theta": head.config.rope_theta, "rope_scaling": head.config.rope_scaling,
-                 "variant": head.config.variant(), "keys": loaded.key_audit.as_dict()},
-        "target": {**target.info.__dict__, "devices": list(target.info.devices)},
-        "draft_device": str(draft_device),
-        "dtype": dtype,
-        "position_offset": config.position_offset,
-        "accept_length_definition": "mean over verify cycles of (accepted drafts + 1), bonus counted",
-        "train_acc": _train_acc(config, loaded.path),
-    }
-    from eagle_eval.models.checks.sanity import load_findings  # issue 5: load-time checks, printed by `run`
-    resolved["sanity"] = [f.as_dict() for f in load_findings(target, loaded, aux, config, table_name)]
-    spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf,
-                      position_offset=config.position_offset)
-    return Oracle(config=config, speculator=spec, tokenizer=tokenizer,
-                  eos_ids=_eos_ids(tokenizer, target.model), resolved=resolved, warnings=notes)
+        warnings.warn(n, stacklevel=3)
+    engines = engine_taps(target.num_layers, lh.aux_ids_sglang, lh.aux_ids_vllm,
+                          deepseek_family=sglang_deepseek_family(target.model.config))
+    resolved = Resolved(
+        num_steps=spec_s.num_steps, topk=spec_s.topk, num_draft_tokens=num_draft_tokens,
+        num_draft_tokens_given=spec_s.num_draft_tokens, eagle_params=spec_s.eagle_params, aux=aux, engines=engines,
+        embedding=table_name,
+        vocab_map=VocabMap(head.config.draft_vocab_size, head.config.vocab_size,
+                           "checkpoint" if lh.d2t_in_checkpoint else "none (full vocab)", d2t_identity),
+        head=_head_info(lh), target=target.info, draft_device=str(draft_device), dtype=loaded.dtype,
+        position_offset=spec_s.position_offset, train_acc=_train_acc(settings.model, lh.path) if lh.path else None,
+        sanity=tuple(load_findings(target, lh, aux, spec_s.aux_layers, table_name, loaded.weight_checks))
+        if lh.path else ())
+    spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf, position_offset=spec_s.position_offset)
+    return Oracle(settings=settings, resolved=resolved, speculator=spec, loaded=loaded, warnings=notes)
 
 
-def checked_workload(config: RunConfig, oracle: Oracle, extra: int | None = None):
-    """load_workload, then refuse prompts the target cannot take (token ids outside its vocabulary,
-    more positions than max_position_embeddings with `extra` more; default: a decode's)."""
+def oracle_from_models(model, head, settings: Settings | None = None, tokenizer=None) -> Oracle:
+    """An oracle over a target model (a transformers causal LM) and a head held in memory, e.g. random weights
+    in a benchmark: no files, so no load-time checks of checkpoints. `settings.model` is not loaded."""
+    from types import SimpleNamespace
+
+    settings = settings or Settings()
+    target = Target(model)
+    head.to(device=target.output_device, dtype=target.model.dtype)
+    lh = LoadedHead(head=head, dialect="in memory", path="", weights_file="", own_embedding=head.embed_tokens is not None,
+                    aux_ids_sglang=None, aux_ids_vllm=None, d2t_in_checkpoint=True)
+    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(target.model.dtype, "fp32")
+    loaded = Loaded(model=settings.model, dtype=dtype, target=target, head=lh,
+                    tokenizer=tokenizer or SimpleNamespace(pad_token_id=0, eos_token_id=None),
+                    eos_ids=frozenset(_eos_ids(tokenizer, target.model)) if tokenizer else frozenset())
+    return wire(settings, loaded)
+
+
+def checked_workload(oracle: Oracle, extra: int | None = None, workload=None):
+    """The oracle's workload (`load_workload` of its settings, unless given), its prompts refused when the
+    target cannot take them (token ids outside its vocabulary, more positions than max_position_embeddings
+    with `extra` more; default: a decode's)."""
     from eagle_eval.workload.data import check_prompts
 
-    workload = load_workload(config, oracle.tokenizer)
+    workload = workload or load_workload(oracle.settings.workload, oracle.tokenizer)
     check_prompts(workload.first_prompts, oracle.limits(extra), workload.resolved["dataset_source"]["path"])
     return workload
+

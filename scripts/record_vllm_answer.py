@@ -71,11 +71,11 @@ def dump(payload: dict) -> str:
 
 def first_prompt():
     from eagle_eval import api
-    from eagle_eval.config import RunConfig
+    from eagle_eval.settings import Settings
 
-    config = RunConfig(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32")
+    config = Settings.of(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32")
     oracle = api.load_oracle(config)
-    return api.checked_workload(config, oracle).first_prompts[0], config.max_new_tokens
+    return api.checked_workload(config, oracle).first_prompts[0], config.workload.max_new_tokens
 
 
 def record(level: str, prompt, max_new_tokens: int) -> Path:

@@ -2,7 +2,7 @@
 eagle_eval oracle, with switchable faults. Started and stopped by the tests through `serve()`.
 
 Faults that change the decoding itself are injected by building the server's oracle from a changed
-RunConfig (see test_server_check.py); the faults here change what goes over the wire:
+settings (see test_server_check.py); the faults here change what goes over the wire:
 
 | fault | effect |
 |---|---|
@@ -46,7 +46,7 @@ class Engine:
         assert fault is None or fault in FAULTS, fault
         assert per_request in (None, "summary", "detailed"), per_request
         self.oracle, self.backend, self.fault, self.per_request = oracle, backend, fault, per_request
-        self.num_steps = oracle.config.num_steps
+        self.num_steps = oracle.resolved.num_steps
         self.log_path, self.log_interval = log_path, log_interval
         self.window = [0, 0]                     # accepted tokens incl. bonus, verify steps
         self.total = [0, 0]
@@ -67,9 +67,8 @@ class Engine:
     def decode(self, input_ids: list[int], max_new_tokens: int):
         with _DECODE_LOCK:
             oracle = self.oracle
-            if max_new_tokens != oracle.config.max_new_tokens:
-                from dataclasses import replace
-                oracle = replace(oracle, config=replace(oracle.config, max_new_tokens=max_new_tokens))
+            if max_new_tokens != oracle.settings.workload.max_new_tokens:
+                oracle = oracle.with_(max_new_tokens=max_new_tokens)
             rec = oracle.decode(Prompt(id=f"r{self.requests}", category="x", input_ids=list(input_ids)))
             self.requests += 1
             out = list(rec.output_ids)
@@ -101,12 +100,12 @@ class Engine:
                 self.per_pos.labels("fake-model", "0", str(i)).inc(a)
 
     def server_info(self) -> dict:
-        cfg = self.oracle.config
-        d = 8 if self.fault == "draft_tokens_info" else cfg.num_steps + 1
+        model, num_steps = self.oracle.settings.model, self.oracle.resolved.num_steps
+        d = 8 if self.fault == "draft_tokens_info" else num_steps + 1
         avg = self.total[0] / self.total[1] if self.total[1] else None
-        return {"model_path": cfg.target, "version": "fake", "speculative_algorithm": "EAGLE3",
-                "speculative_num_steps": cfg.num_steps, "speculative_eagle_topk": 1,
-                "speculative_num_draft_tokens": d, "speculative_draft_model_path": cfg.draft,
+        return {"model_path": model.target, "version": "fake", "speculative_algorithm": "EAGLE3",
+                "speculative_num_steps": num_steps, "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": d, "speculative_draft_model_path": model.draft,
                 "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": 0.0}]}
 
     def sglang_generate(self, body: dict) -> dict:

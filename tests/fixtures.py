@@ -152,7 +152,7 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
 
 def load_prompts(path, tokenizer) -> list:
     """The prompts of a prompt JSONL, rendered by the product's own path (`conversations.load_workload`)."""
-    from eagle_eval.config import RunConfig
+    from eagle_eval.settings import Settings
     from eagle_eval.workload.conversations import load_workload
 
-    return load_workload(RunConfig(prompts=str(path)), tokenizer).first_prompts
+    return load_workload(Settings.of(prompts=str(path)).workload, tokenizer).first_prompts

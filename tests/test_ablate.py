@@ -7,15 +7,15 @@ import pytest
 from click.testing import CliRunner
 from fixtures import make_target, train_head, write_prompts
 
-from eagle_eval.ablate import Costs, best_num_steps, parse_variant, variant_rows
+from eagle_eval.commands.ablate import Costs, best_num_steps, parse_variant, variant_rows
 from eagle_eval.cli import main
-from eagle_eval.config import ConfigError
+from eagle_eval.settings import ConfigError
 
 
 def test_parse_variant():
     assert parse_variant("aux_layers=0,3,6") == ("aux_layers=0,3,6", {"aux_layers": (0, 3, 6)})
     assert parse_variant("dtype=bf16;max-new-tokens=32")[1] == {"dtype": "bf16", "max_new_tokens": 32}
-    assert parse_variant("check_lossless=true")[1] == {"check_lossless": True}
+    assert parse_variant("no_chat_template=true")[1] == {"no_chat_template": True}
     for bad, match in [("aux_layers", "FIELD=VALUE"), ("target=/x", "not an ablation axis"),
                        ("colour=red", "not an ablation axis"), ("max_new_tokens=lots", "integer")]:
         with pytest.raises(ConfigError, match=match):
@@ -76,11 +76,11 @@ def test_ablate_cli_outputs(pair, tmp_path):
 
 def test_ablate_measures_costs_when_not_given(pair, tmp_path):
     from eagle_eval import api
-    from eagle_eval.config import ProfileConfig, RunConfig
+    from eagle_eval.settings import AblateOptions, ProfileOptions, Settings
 
     target, head, prompts = pair
-    run = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=8)
-    result = api.ablate(ProfileConfig(run=run, max_steps=2), [], progress=False)
+    run = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=8)
+    result = api.ablate(run, AblateOptions(max_steps=2), progress=False)
     times = result["costs"]["times_ms"]
     assert times["target_1_token"] > 0 and times["draft_step"] > 0 and set(times["verify"]) == {"2", "3"}
     assert result["costs"]["cost_ratio"] == pytest.approx(times["draft_step"] / times["target_1_token"])
@@ -101,12 +101,12 @@ def test_profile_cli(pair, tmp_path):
 def test_ablate_tree_grid(pair, tmp_path):
     """One profile per topk serves every (S, D) of the grid; rows respect D <= K + (S-1) K^2 + 1."""
     from eagle_eval import api
-    from eagle_eval.config import ProfileConfig, RunConfig
+    from eagle_eval.settings import AblateOptions, ProfileOptions, Settings
 
     target, head, prompts = pair
-    run = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=12)
-    result = api.ablate(ProfileConfig(run=run, max_steps=3), [], cost_ratio=0.05, progress=False,
-                        topk_grid=(1, 2), draft_tokens_grid=(4, 8))
+    run = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=12)
+    result = api.ablate(run, AblateOptions(max_steps=3, cost_ratio=0.05, topk_grid=(1, 2), draft_tokens_grid=(4, 8)),
+                        progress=False)
     shapes = {(r["topk"], r["num_draft_tokens"], r["num_steps"]) for r in result["rows"]}
     assert {(1, 2, 1), (1, 3, 2), (1, 4, 3)} <= shapes                       # chains verify S + 1
     assert (2, 4, 2) in shapes and (2, 8, 2) not in shapes and (2, 8, 3) in shapes   # pool(2, 2) = 6
@@ -114,8 +114,8 @@ def test_ablate_tree_grid(pair, tmp_path):
         u = sum(r[f"u_{i}"] for i in range(1, r["num_steps"] + 1))
         assert r["speedup_model"] == pytest.approx((1 + u) / (r["num_steps"] * 0.05 + 1.0))
     # each tree row equals a direct profile of that (K, D)
-    direct = api.profile(ProfileConfig(run=RunConfig(**{**run.as_dict(), "aux_layers": None, "topk": 2,
-                                                        "num_draft_tokens": 4}), max_steps=3), progress=False)
+    direct = api.profile(Settings.of(**{**run.flat(), "aux_layers": None, "topk": 2, "num_draft_tokens": 4}),
+                         ProfileOptions(max_steps=3), progress=False)
     row = next(r for r in result["rows"] if (r["topk"], r["num_draft_tokens"], r["num_steps"]) == (2, 4, 3))
     assert row["tau"] == direct.report["by_num_steps"]["3"]["summary"]["accept_length"]
     best = max(result["rows"], key=lambda r: r["speedup_model"])

@@ -2,7 +2,8 @@
 
 import pytest
 
-from eagle_eval.results.acceptance import AcceptanceCounts, greedy_accept, speedup
+from eagle_eval.results.acceptance import AcceptanceCounts, speedup
+from eagle_eval.speculative.policy import greedy_accept
 from eagle_eval.results.records import SampleRecord
 from eagle_eval.results.report import summarize
 

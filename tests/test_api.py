@@ -7,7 +7,7 @@ import torch
 from fixtures import make_head
 
 from eagle_eval import api
-from eagle_eval.config import ConfigError, RunConfig
+from eagle_eval.settings import LoopOptions, ConfigError, Settings
 from eagle_eval.errors import UserError
 from eagle_eval.models.target import TargetError
 from eagle_eval.results.records import read_jsonl
@@ -15,7 +15,7 @@ from eagle_eval.workload.data import DataError
 
 
 def _cfg(tiny, **kw):
-    return RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
+    return Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
                      max_new_tokens=12, **kw)
 
 
@@ -36,21 +36,21 @@ def test_resolved_settings_are_echoed(tiny):
 def test_sglang_topk1_adjustment(tiny):
     with pytest.warns(UserWarning, match="adjusted to speculative_num_steps \\+ 1"):
         oracle = api.load_oracle(_cfg(tiny, num_steps=3, num_draft_tokens=8))
-    assert oracle.resolved["num_draft_tokens"] == 4 and oracle.resolved["num_draft_tokens_given"] == 8
+    assert oracle.resolved.as_dict()["num_draft_tokens"] == 4 and oracle.resolved.as_dict()["num_draft_tokens_given"] == 8
 
 
 def test_embedding_rule(tiny, tmp_path):
     own = make_head(tmp_path / "own", with_embedding=True)
     cfg = dict(target=str(tiny["target"]), draft=str(own), prompts=str(tiny["prompts"]))
-    assert api.load_oracle(RunConfig(**cfg)).resolved["embedding"].startswith("draft")          # vLLM: own
-    assert api.load_oracle(RunConfig(**cfg, draft_embedding="target")).resolved["embedding"].startswith("target")
+    assert api.load_oracle(Settings.of(**cfg)).resolved.as_dict()["embedding"].startswith("draft")          # vLLM: own
+    assert api.load_oracle(Settings.of(**cfg, draft_embedding="target")).resolved.as_dict()["embedding"].startswith("target")
     # a copy of the target's table counts as "not different": auto falls back to the target's
     from safetensors.torch import load_file, save_file
     tensors = load_file(own / "model.safetensors")
     tensors["embed_tokens.weight"] = load_file(tiny["target"] / "model.safetensors")["model.embed_tokens.weight"]
     save_file(tensors, str(own / "model.safetensors"))
-    assert api.load_oracle(RunConfig(**cfg)).resolved["embedding"].startswith("target")
-    assert api.load_oracle(RunConfig(**cfg, draft_embedding="own")).resolved["embedding"].startswith("draft")
+    assert api.load_oracle(Settings.of(**cfg)).resolved.as_dict()["embedding"].startswith("target")
+    assert api.load_oracle(Settings.of(**cfg, draft_embedding="own")).resolved.as_dict()["embedding"].startswith("draft")
     with pytest.raises(ConfigError, match="no 'embed_tokens.weight'"):
         api.load_oracle(_cfg(tiny, draft_embedding="own"))
 
@@ -62,17 +62,17 @@ def test_identity_d2t_on_reduced_vocab_warns(tiny, tmp_path):
     tensors["d2t"] = torch.zeros_like(tensors["d2t"])
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.warns(UserWarning, match="identity"):
-        oracle = api.load_oracle(RunConfig(target=str(tiny["target"]), draft=str(path)))
-    assert oracle.resolved["vocab_map"]["d2t_identity"] is True
+        oracle = api.load_oracle(Settings.of(target=str(tiny["target"]), draft=str(path)))
+    assert oracle.resolved.as_dict()["vocab_map"]["d2t_identity"] is True
 
 
 def test_aux_layers_from_cli_and_config(tiny, tmp_path):
     head = make_head(tmp_path / "h", aux_ids_sglang=[0, 3, 6])
-    oracle = api.load_oracle(RunConfig(target=str(tiny["target"]), draft=str(head)))
-    assert oracle.resolved["aux_layers"]["hf"] == [1, 4, 7]
-    oracle = api.load_oracle(RunConfig(target=str(tiny["target"]), draft=str(head), aux_layers=(2, 4, 5),
+    oracle = api.load_oracle(Settings.of(target=str(tiny["target"]), draft=str(head)))
+    assert oracle.resolved.as_dict()["aux_layers"]["hf"] == [1, 4, 7]
+    oracle = api.load_oracle(Settings.of(target=str(tiny["target"]), draft=str(head), aux_layers=(2, 4, 5),
                                        aux_convention="vllm"))
-    assert oracle.resolved["aux_layers"]["hf"] == [2, 4, 5]
+    assert oracle.resolved.as_dict()["aux_layers"]["hf"] == [2, 4, 5]
 
 
 def test_interrupted_run_keeps_rows_and_resumes(tiny, tmp_path, monkeypatch):
@@ -119,7 +119,7 @@ def test_resume_drops_a_line_cut_short(tiny, tmp_path):
 
 def test_samples_rows(tiny, tmp_path):
     out = tmp_path / "run"
-    api.evaluate(_cfg(tiny, output_dir=str(out), check_lossless=True), progress=False)
+    api.evaluate(_cfg(tiny, output_dir=str(out)), LoopOptions(check_lossless=True), progress=False)
     rows = read_jsonl(out / "samples.jsonl")
     for r in rows:
         assert {"id", "category", "prompt_len", "output_ids", "accepted_per_cycle", "verify_count"} <= set(r)
@@ -140,10 +140,10 @@ def test_bad_prompt_rows(tiny, tmp_path, line, match):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "w1 w2"}\n' + line + "\n")
     with pytest.raises(DataError, match=f"bad.jsonl:2: .*{match}"):
-        api.evaluate(RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(bad)),
+        api.evaluate(Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(bad)),
                      progress=False)
 
 
 def test_missing_target_folder(tiny, tmp_path):
     with pytest.raises(TargetError, match="does not exist.*never a model hub"):
-        api.load_oracle(RunConfig(target=str(tmp_path / "meta-llama/Llama-3.1-8B"), draft=str(tiny["head"])))
+        api.load_oracle(Settings.of(target=str(tmp_path / "meta-llama/Llama-3.1-8B"), draft=str(tiny["head"])))

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eagle_eval.cli import main
-from eagle_eval.config import BUNDLED_DRAFT, BUNDLED_PROMPTS, BUNDLED_TARGET
+from eagle_eval.settings import BUNDLED_DRAFT, BUNDLED_PROMPTS, BUNDLED_TARGET
 
 FAST = {
     "run": ["run", "--limit", "1", "--max-new-tokens", "4"],

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from eagle_eval.config import REPO_ROOT
+from eagle_eval.settings import REPO_ROOT
 
 
 def test_gpu_benchmark_profile_section_runs_tiny_and_agrees(tmp_path):

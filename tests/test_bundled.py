@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from eagle_eval import api
 from eagle_eval.cli import main
-from eagle_eval.config import BUNDLED_DRAFT, BUNDLED_PROMPTS, BUNDLED_TARGET, REPO_ROOT, ProfileConfig, RunConfig
+from eagle_eval.settings import BUNDLED_DRAFT, BUNDLED_PROMPTS, BUNDLED_TARGET, REPO_ROOT, ProfileOptions, Settings
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,10 @@ def test_bundled_target_output_is_varied_text(run_dir):
 
 @pytest.mark.slow
 def test_bundled_profile_equals_loop():
-    run = RunConfig(max_new_tokens=32)
-    prof = api.profile(ProfileConfig(run=run, max_steps=8), progress=False)
+    run = Settings.of(max_new_tokens=32)
+    prof = api.profile(run, ProfileOptions(max_steps=8), progress=False)
     for s in (1, 2, 3, 5, 8):
-        loop = api.evaluate(RunConfig(max_new_tokens=32, num_steps=s), progress=False)
+        loop = api.evaluate(Settings.of(max_new_tokens=32, num_steps=s), progress=False)
         section = prof.report["by_num_steps"][str(s)]
         for a, b in zip(loop.samples, prof.samples):
             assert a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"][str(s)], (s, a.id)
@@ -69,8 +69,8 @@ def test_alt_head_collapses_with_the_deployment_bug_layers_and_diagnose_names_it
     embedding in front, the deployment story of issue 5) it loses most of its acceptance, and diagnose
     (its first look, 8 prompts) calls the mismatch and recommends the trained layers."""
     alt = str(REPO_ROOT / "checkpoints" / "draft-alt")
-    own = api.evaluate(RunConfig(draft=alt, limit=8), progress=False).report
-    wrong = api.evaluate(RunConfig(draft=alt, limit=8, aux_layers=(-1, 0, 3)), progress=False).report
+    own = api.evaluate(Settings.of(draft=alt, limit=8), progress=False).report
+    wrong = api.evaluate(Settings.of(draft=alt, limit=8, aux_layers=(-1, 0, 3)), progress=False).report
     assert own["config"]["aux_layers"]["sglang"] == [0, 3, 6]
     assert wrong["config"]["aux_layers"]["hf"] == [0, 1, 4]
     tau_own, tau_wrong = own["summary"]["accept_length"], wrong["summary"]["accept_length"]
@@ -109,7 +109,7 @@ def test_diagnose_decides_a_moderate_mismatch_within_the_default_budget(tmp_path
 
 def test_diagnose_tiny_budget_is_inconclusive_never_ok(tmp_path):
     res, diag = _diagnose_cli(tmp_path, "--aux-layers", "-1,2,3", "--prompt-budget", "2")
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 3, res.output            # undecided (docs/exit-codes.md), never 0
     codes = {f["code"]: f for f in diag["findings"]}
     assert "aux-layers-consistent" not in codes and "aux-layer-mismatch" not in codes
     found = codes["aux-layers-inconclusive"]
@@ -122,17 +122,16 @@ def test_diagnose_tiny_budget_is_inconclusive_never_ok(tmp_path):
 def test_diagnose_correct_head_is_consistent_over_shuffles():
     """Both bundled heads on their own layers, the workload shuffled 3 ways each: consistent every time.
     The stated false-mismatch rate is alpha = 0.05 per run; 6 runs exceed 1 false alarm with p = 0.033."""
-    from dataclasses import replace
-
     from eagle_eval.diagnose import decide
-    from eagle_eval.diagnose.run import DiagnoseConfig, diagnose
+    from eagle_eval.diagnose.options import DiagnoseOptions
+    from eagle_eval.diagnose.run import diagnose
 
     verdicts = []
     for draft in (BUNDLED_DRAFT, REPO_ROOT / "checkpoints" / "draft-alt"):
-        run = RunConfig(draft=str(draft), max_new_tokens=32)
+        run = Settings.of(draft=str(draft), max_new_tokens=32)
         oracle = api.load_oracle(run)
         for seed in range(3):
-            res = diagnose(replace(run, shuffle_seed=seed), DiagnoseConfig(template_check=False), oracle=oracle)
+            res = diagnose(run.with_(shuffle_seed=seed), DiagnoseOptions(template_check=False), oracle=oracle)
             verdicts.append((res.report["sweep"]["verdict"], res.exit_status))
     assert decide.ALPHA == 0.05
     assert sum(v == "mismatch" for v, _ in verdicts) <= 1, verdicts

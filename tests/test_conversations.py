@@ -7,7 +7,7 @@ from pathlib import Path
 from fixtures import make_tokenizer
 
 from eagle_eval import api
-from eagle_eval.config import RunConfig
+from eagle_eval.settings import LoopOptions, Settings
 from eagle_eval.results.records import SampleRecord, read_jsonl
 from eagle_eval.results.report import summarize
 from eagle_eval.workload.conversations import load_workload, run_turns
@@ -23,7 +23,7 @@ def _record(prompt, output_ids):
 
 def test_second_turn_is_built_from_the_first_answer():
     tok = make_tokenizer()
-    workload = load_workload(RunConfig(dataset=MT_BENCH, limit=1), tok)
+    workload = load_workload(Settings.of(dataset=MT_BENCH, limit=1).workload, tok)
     seen = []
 
     def decode(prompt):                      # turn 1 answers "w7 w8" then EOS (id 2)
@@ -46,9 +46,9 @@ def test_mt_bench_run_reports_turns_separately_and_together(tiny, tmp_path, monk
         return real(self, prompt, check_lossless)
 
     monkeypatch.setattr(api.Oracle, "decode", spy)
-    cfg = RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), dataset=MT_BENCH, max_new_tokens=6,
-                    check_lossless=True, output_dir=str(tmp_path / "run"))
-    result = api.evaluate(cfg, progress=False)
+    cfg = Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), dataset=MT_BENCH, max_new_tokens=6,
+                    output_dir=str(tmp_path / "run"))
+    result = api.evaluate(cfg, LoopOptions(check_lossless=True), progress=False)
     recs = {r.id: r for r in result.samples}
     assert sorted(recs) == ["111/turn1", "111/turn2", "81/turn1", "81/turn2", "82/turn1", "82/turn2"]
     special = set(make_tokenizer().all_special_ids)
@@ -70,11 +70,11 @@ def test_resume_rebuilds_turn_two_from_the_saved_first_answer(tiny, tmp_path):
     out = tmp_path / "run"
     cfg = dict(target=str(tiny["target"]), draft=str(tiny["head"]), dataset=MT_BENCH, max_new_tokens=6,
                output_dir=str(out))
-    full = api.evaluate(RunConfig(**cfg), progress=False).report
+    full = api.evaluate(Settings.of(**cfg), progress=False).report
     lines = (out / "samples.jsonl").read_text().splitlines()
     assert lines[-1].startswith('{"id": "111/turn2"')
     (out / "samples.jsonl").write_text("\n".join(lines[:-1]) + "\n")       # as if stopped before 111/turn2
-    resumed = api.evaluate(RunConfig(**cfg, resume=True), progress=False).report
+    resumed = api.evaluate(Settings.of(**cfg, resume=True), progress=False).report
     for key in ("summary", "per_position", "histogram", "by_category", "by_turn"):
         assert resumed[key] == full[key]
 
@@ -82,9 +82,14 @@ def test_resume_rebuilds_turn_two_from_the_saved_first_answer(tiny, tmp_path):
 def test_cli_dataset_options_reach_the_report(tiny, tmp_path):
     from click.testing import CliRunner
 
-    from eagle_eval.cli import main, run
+    from dataclasses import fields
 
-    assert set(RunConfig.field_names()) <= {p.name for p in run.params}     # flags mirror the fields
+    from eagle_eval.cli import main
+    from eagle_eval.settings import GROUPS
+
+    run = main.get_command(None, "run")
+    names = {f.name for cls in GROUPS.values() for f in fields(cls)}
+    assert names <= {p.name for p in run.params}     # flags mirror the fields
     out = tmp_path / "run"
     result = CliRunner().invoke(main, [
         "run", "--target", str(tiny["target"]), "--draft", str(tiny["head"]), "--dataset", str(DATA / "sharegpt.json"),

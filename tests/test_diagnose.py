@@ -11,10 +11,11 @@ from fixtures import head_config, make_target, train_head, write_prompts
 
 from eagle_eval import api
 from eagle_eval.cli import main
-from eagle_eval.config import RunConfig
+from eagle_eval.settings import Settings
 from eagle_eval.diagnose import dumps
 from eagle_eval.diagnose.fingerprint import render_fingerprint
-from eagle_eval.diagnose.run import DiagnoseConfig, diagnose
+from eagle_eval.diagnose.options import DiagnoseOptions
+from eagle_eval.diagnose.run import diagnose
 from eagle_eval.models.checks import sanity
 
 TRAINED_HF = (3, 5, 7)                     # = SGLang ids [2, 4, 6]; the default taps are HF[2, 4, 5]
@@ -38,11 +39,11 @@ def alt(tmp_path_factory):
 
 
 def run_config(alt, draft="head", **kw):
-    return RunConfig(**{"target": str(alt["target"]), "draft": str(alt[draft]), "prompts": str(alt["prompts"]),
+    return Settings.of(**{"target": str(alt["target"]), "draft": str(alt[draft]), "prompts": str(alt["prompts"]),
                         "max_new_tokens": 24, "num_steps": 3, **kw})
 
 
-FAST = DiagnoseConfig(template_check=False)
+FAST = DiagnoseOptions(template_check=False)
 
 
 @pytest.fixture(scope="module")
@@ -185,13 +186,18 @@ def untrained(alt):
 
 @pytest.mark.filterwarnings("ignore:.*d2t is all zeros")
 def test_untrained_head_and_identity_d2t_flagged_at_load_and_by_run(alt, untrained):
-    oracle = api.load_oracle(RunConfig(target=str(alt["target"]), draft=str(untrained)))
-    found = {f["code"]: f["severity"] for f in oracle.resolved["sanity"]}
+    oracle = api.load_oracle(Settings.of(target=str(alt["target"]), draft=str(untrained)))
+    found = {f["code"]: f["severity"] for f in oracle.resolved.as_dict()["sanity"]}
     assert found["lm_head-untrained"] == "error" and found["d2t-identity"] == "error"
-    out = CliRunner().invoke(main, ["run", "--target", str(alt["target"]), "--draft", str(untrained), "--prompts",
-                                    str(alt["prompts"]), "--max-new-tokens", "4", "--limit", "1"])
-    assert out.exit_code == 0, out.output
-    assert "load-time checks" in out.output and "lm_head-untrained" in out.output and "d2t-identity" in out.output
+    args = ["run", "--target", str(alt["target"]), "--draft", str(untrained), "--prompts", str(alt["prompts"]),
+            "--max-new-tokens", "4", "--limit", "1"]
+    out = CliRunner().invoke(main, args)                 # a head that cannot give a meaningful number fails the run
+    assert out.exit_code == 1, out.output
+    assert "load-time checks found an error" in out.stderr and "nothing was decoded" in out.stderr
+    assert "lm_head-untrained" in out.stderr and "d2t-identity" in out.stderr and "accept length" not in out.stdout
+    anyway = CliRunner().invoke(main, args + ["--allow-load-errors"])
+    assert anyway.exit_code == 0, anyway.output
+    assert "load-time checks" in anyway.output and "lm_head-untrained" in anyway.output and "d2t-identity" in anyway.output
 
 
 def _cli(alt, *args):
@@ -221,7 +227,7 @@ def test_cli_exit_status_and_diagnosis_json(alt, dump_files, tmp_path):
 
 
 def test_fingerprint_values_and_stable_format(alt):
-    res = diagnose(run_config(alt), DiagnoseConfig(fingerprint=True, sweep=False, template_check=False))
+    res = diagnose(run_config(alt), DiagnoseOptions(fingerprint=True, sweep=False, template_check=False))
     fp = res.report["fingerprint"]
     ids = json.loads(alt["prompts"].read_text().splitlines()[0])["input_ids"]
     hs = _hidden_states(alt["target"], ids)
@@ -241,8 +247,8 @@ def test_chat_template_check(alt, tmp_path):
     prompts = tmp_path / "chat.jsonl"
     rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"w{i} w{i + 7} w3"}]} for i in range(4)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = RunConfig(**{**run_config(alt).as_dict(), "prompts": str(prompts), "aux_layers": None})
-    res = diagnose(cfg, DiagnoseConfig(sweep=False))
+    cfg = Settings.of(**{**run_config(alt).flat(), "prompts": str(prompts), "aux_layers": None})
+    res = diagnose(cfg, DiagnoseOptions(sweep=False))
     rows = res.report["template_check"]
     assert [r["variant"] for r in rows] == ["the tokenizer's chat template (configured)",
                                             "raw prompts (--no-chat-template)"]
@@ -313,8 +319,8 @@ def test_boundary_head_keeps_its_configured_taps_in_the_sweep():
     """Boundary ids may name N (the last layer's output before the final norm): the configured set
     HF[2, 4, 8] on the 8-layer bundled target is the sweep's baseline row, beside the alternatives
     (its -1 shift and embedding variants keep index 8; the draft config's HF[2, 4, 5] is tried too)."""
-    run = RunConfig(aux_layers=(2, 4, 8), aux_convention="boundary", max_new_tokens=16, limit=8)
-    result = diagnose(run, DiagnoseConfig(template_check=False, prompt_budget=8))
+    run = Settings.of(aux_layers=(2, 4, 8), aux_convention="boundary", max_new_tokens=16, limit=8)
+    result = diagnose(run, DiagnoseOptions(template_check=False, prompt_budget=8))
     rows = {tuple(r["hf"]): r for r in result.report["sweep"]["rows"]}
     assert result.report["configured_aux_layers"]["hf"] == [2, 4, 8]
     assert rows[(2, 4, 8)]["label"] == "configured" and rows[(2, 4, 8)]["status"] == "configured"

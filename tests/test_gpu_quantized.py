@@ -12,7 +12,7 @@ from fixtures import make_head, write_prompts
 from quant_fixtures import make_fp8_target, write_dequantized_copy
 
 from eagle_eval import api
-from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.settings import ProfileOptions, Settings
 from eagle_eval.models.target import load_target
 from eagle_eval.workload.conversations import load_workload
 
@@ -29,7 +29,7 @@ def built(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_held_fp8_on_the_gpu_loop_equals_generate_and_profile_equals_loop(built, dtype):
-    cfg = RunConfig(target=str(built["fp8"]), draft=str(built["head"]), prompts=str(built["prompts"]),
+    cfg = Settings.of(target=str(built["fp8"]), draft=str(built["head"]), prompts=str(built["prompts"]),
                     max_new_tokens=24, num_steps=3, aux_layers=(0, 1, 2), aux_convention="hf", dtype=dtype,
                     device_map="cuda:0")
     oracle = api.load_oracle(cfg)
@@ -38,12 +38,12 @@ def test_held_fp8_on_the_gpu_loop_equals_generate_and_profile_equals_loop(built,
     model = oracle.speculator.target.model
     assert next(model.model.layers[0].self_attn.o_proj.parameters()).dtype == torch.float8_e4m3fn
     loop = api.evaluate(cfg, progress=False)
-    for sample, row in zip(loop.samples, load_workload(cfg, oracle.tokenizer).first_prompts):
+    for sample, row in zip(loop.samples, load_workload(cfg.workload, oracle.tokenizer).first_prompts):
         ids = torch.tensor([row.input_ids], device="cuda:0")
-        expected = model.generate(ids, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+        expected = model.generate(ids, max_new_tokens=cfg.workload.max_new_tokens, do_sample=False,
                                   eos_token_id=sorted(oracle.eos_ids), pad_token_id=0)[0, ids.shape[1]:].tolist()
         assert sample.output_ids == expected, sample.id
-    prof = api.profile(ProfileConfig(run=cfg, max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
+    prof = api.profile(cfg, ProfileOptions(max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
     assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
 
 

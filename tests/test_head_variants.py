@@ -11,7 +11,7 @@ from fixtures import VOCAB, head_config, make_target, train_head, write_prompts
 from safetensors.torch import load_file, save_file
 
 from eagle_eval import api
-from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.settings import LoopOptions, ProfileOptions, Settings
 from eagle_eval.models.heads.io import CheckpointError, load_head, save_head
 from eagle_eval.models.heads.llama import DraftCache, Eagle3Head
 
@@ -227,12 +227,12 @@ def test_loop_lossless_and_profile_equal(world, name):
     head = train_head(target, root / f"head-{name}", prompts, aux_hf=aux_hf, steps=12, num_steps=3,
                       new_tokens=24, head_kw=kw, dialect="speculators" if "norm" in name else "specforge")
     ids = [i - 1 for i in aux_hf] if convention == "sglang" else list(aux_hf)
-    cfg = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3,
+    cfg = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3,
                     aux_layers=ids, aux_convention=convention)
-    checked = api.evaluate(RunConfig(**{**cfg.as_dict(), "check_lossless": True}), progress=False)
+    checked = api.evaluate(cfg, LoopOptions(check_lossless=True), progress=False)
     assert checked.report["summary"]["lossless"] is True and checked.report["summary"]["lossless_checked"] == 4
     loop = api.evaluate(cfg, progress=False)
-    prof = api.profile(ProfileConfig(run=cfg, max_steps=3), progress=False).report["by_num_steps"]["3"]
+    prof = api.profile(cfg, ProfileOptions(max_steps=3), progress=False).report["by_num_steps"]["3"]
     assert prof["per_position"] == loop.report["per_position"] and prof["histogram"] == loop.report["histogram"]
     assert prof["summary"] == loop.report["summary"]
     rates = [p["conditional_rate"] for p in loop.report["per_position"]]
@@ -370,7 +370,7 @@ def test_option_through_api_and_cli(world, tmp_path):
     assert res.exit_code == 2 and "'logit_scale' = 2.0" in res.output and "config.json" in res.output
     res = CliRunner().invoke(main, args + ["--allow-unknown-head-keys"])
     assert res.exit_code == 0, res.output
-    rep = api.evaluate(RunConfig(target=str(target), draft=str(path), prompts=str(prompts), max_new_tokens=4,
+    rep = api.evaluate(Settings.of(target=str(target), draft=str(path), prompts=str(prompts), max_new_tokens=4,
                                  limit=1, allow_unknown_head_keys=True), progress=False).report
     assert rep["config"]["head"]["keys"]["engine_math"] == {"logit_scale": rep["config"]["head"]["keys"]
                                                              ["engine_math"]["logit_scale"]}
@@ -382,13 +382,13 @@ def test_variant_sanity_findings(world, tmp_path):
     _, target, prompts = world
     path = random_head(tmp_path / "h", norm_before_fc=True, rope_interleaved=True)
     _rewrite(path, lambda t: t.update({"input_norm.weight": torch.ones(144)}))     # left at init
-    oracle = api.load_oracle(RunConfig(target=str(target), draft=str(path), prompts=str(prompts)))
-    codes = {f["code"]: f["severity"] for f in oracle.resolved["sanity"]}
+    oracle = api.load_oracle(Settings.of(target=str(target), draft=str(path), prompts=str(prompts)))
+    codes = {f["code"]: f["severity"] for f in oracle.resolved.as_dict()["sanity"]}
     assert codes["input_norm-untrained"] == "warning" and codes["rope-interleaved"] == "warning"
     assert codes["norm-before-fc"] == "info" and codes["head-keys"] == "info"
     trained = random_head(tmp_path / "t", norm_before_fc=True)
-    oracle = api.load_oracle(RunConfig(target=str(target), draft=str(trained), prompts=str(prompts),
+    oracle = api.load_oracle(Settings.of(target=str(target), draft=str(trained), prompts=str(prompts),
                                        aux_layers=(2, 4, 8), aux_convention="boundary"))
-    codes = {f["code"]: f["severity"] for f in oracle.resolved["sanity"]}
+    codes = {f["code"]: f["severity"] for f in oracle.resolved.as_dict()["sanity"]}
     assert "input_norm-untrained" not in codes and codes["aux-final-prenorm"] == "warning"
     assert VOCAB == oracle.speculator.head.config.vocab_size

@@ -9,7 +9,11 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eagle_eval"
 LOWER = {"models", "speculative", "workload", "results"}
-HIGHER = {"diagnose", "servers", "api", "cli"}
+HIGHER = {"oracle", "commands", "diagnose", "servers", "api", "cli"}
+# the floors above the stages, lowest first: a room imports only from its own floor or below
+DOOR = [{"errors"}, {"settings"}, LOWER, {"oracle"}, {"commands"}, {"diagnose", "servers"}, {"api"}, {"cli"}]
+# modules (not packages) `eagle-eval run` loads: the greedy path's rooms, 41 before the settings issue
+GREEDY_PATH_ROOMS = 41
 
 
 def _unit(module: str) -> str:
@@ -65,7 +69,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walker_sees_imports_inside_functions():
     edges = set(import_edges())
-    assert ("eagle_eval.cli", "eagle_eval.api") in edges            # imported inside a command
+    assert ("eagle_eval.cli", "eagle_eval.commands.ablate") in edges            # imported inside a command
     assert ("eagle_eval.speculative.chain", "eagle_eval.models.capture") in edges
 
 
@@ -73,6 +77,34 @@ def test_lower_wings_never_import_higher_ones():
     bad = [(a, b) for a, b in import_edges()
            if _unit(a) in LOWER and _unit(b) in HIGHER]
     assert not bad, f"imports from a lower wing into a higher one: {bad}"
+
+
+def _floor(unit: str) -> int | None:
+    return next((i for i, floor in enumerate(DOOR) if unit in floor), None)
+
+
+def test_every_room_imports_only_from_its_floor_or_below():
+    bad = [(a, b) for a, b in import_edges()
+           if _floor(_unit(a)) is not None and _floor(_unit(b)) is not None and _floor(_unit(b)) > _floor(_unit(a))]
+    assert not bad, f"imports from a lower floor into a higher one: {bad}"
+
+
+def test_the_greedy_path_has_no_more_rooms_than_before(tmp_path):
+    """`eagle-eval run` (the greedy loop over prompts) loads no more eagle_eval modules than it did before the
+    settings object and the commands' rooms were introduced."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from click.testing import CliRunner; from eagle_eval.cli import main; "
+            "r = CliRunner().invoke(main, ['run', '--limit', '1', '--max-new-tokens', '2']); assert r.exit_code == 0, r.output; "
+            "import importlib.util as u; "
+            "print(sum(1 for m in list(sys.modules) if m.startswith('eagle_eval') and "
+            "u.find_spec(m).submodule_search_locations is None))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rooms = int(out.stdout.strip().splitlines()[-1])
+    assert rooms <= GREEDY_PATH_ROOMS, f"`eagle-eval run` loads {rooms} modules, more than {GREEDY_PATH_ROOMS}"
 
 
 def test_errors_is_the_ground_floor():

@@ -6,7 +6,7 @@ from fixtures import load_prompts, make_head, make_target, write_prompts
 
 from eagle_eval import api
 from eagle_eval import oracle as oracle_module
-from eagle_eval.config import RunConfig
+from eagle_eval.settings import LoopOptions, Settings
 from eagle_eval.speculative import chain
 from eagle_eval.speculative.draft import DraftState
 from eagle_eval.speculative.greedy import plain_greedy
@@ -14,10 +14,10 @@ from eagle_eval.speculative.greedy import plain_greedy
 
 @pytest.fixture(scope="module")
 def oracle_and_prompts(tiny):
-    cfg = RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
+    cfg = Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
                     max_new_tokens=24)
     oracle = api.load_oracle(cfg)
-    return oracle, load_prompts(cfg.prompts, oracle.tokenizer)
+    return oracle, load_prompts(cfg.workload.prompts, oracle.tokenizer)
 
 
 @pytest.mark.parametrize("num_steps", [1, 2, 3, 5, 8])
@@ -69,12 +69,12 @@ def test_always_right_and_always_wrong_drafts(oracle_and_prompts, monkeypatch, r
 
 def test_always_right_report_rates(tiny, monkeypatch):
     """Through the API and the report: every rate 1.0 and tau = S + 1 (always right), 0.0 and 1.0 (wrong)."""
-    cfg = RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
+    cfg = Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
                     max_new_tokens=21, num_steps=4)
     oracle = api.load_oracle(cfg)
     vocab = oracle.speculator.head.config.vocab_size
     seqs = {tuple(p.input_ids): _greedy_sequence(oracle, p, 40)
-            for p in load_prompts(cfg.prompts, oracle.tokenizer)}
+            for p in load_prompts(cfg.workload.prompts, oracle.tokenizer)}
     current = {}
     real_decode = chain.speculative_decode
 
@@ -107,9 +107,9 @@ def test_other_families_lossless(tmp_path, family):
     target = make_target(tmp_path / "t", family=family)
     head = make_head(tmp_path / "h")
     prompts = write_prompts(tmp_path / "p.jsonl", n=2)
-    cfg = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=16,
-                    num_steps=3, check_lossless=True)
-    result = api.evaluate(cfg, progress=False)
+    cfg = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=16,
+                    num_steps=3)
+    result = api.evaluate(cfg, LoopOptions(check_lossless=True), progress=False)
     assert result.report["summary"]["lossless"] is True
     assert result.report["config"]["target"]["architecture"].lower().startswith(family.split("_")[0])
 
@@ -119,9 +119,9 @@ def test_eos_stops_and_is_kept(tmp_path):
     target = make_target(tmp_path / "t0")
     head = make_head(tmp_path / "h")
     prompts = write_prompts(tmp_path / "p.jsonl", n=1)
-    cfg = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=20)
+    cfg = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=20)
     oracle = api.load_oracle(cfg)
-    prompt = load_prompts(cfg.prompts, oracle.tokenizer)[0]
+    prompt = load_prompts(cfg.workload.prompts, oracle.tokenizer)[0]
     full = plain_greedy(oracle.speculator.target, prompt.input_ids, 20, set())
     eos = full[5]
     cut = full[: full.index(eos) + 1]

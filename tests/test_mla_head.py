@@ -12,7 +12,7 @@ from fixtures import VOCAB, make_target, train_head, write_prompts
 from safetensors.torch import load_file, save_file
 
 from eagle_eval import api
-from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.settings import LoopOptions, ProfileOptions, Settings
 from eagle_eval.models.heads.config import HeadConfig, MLASettings
 from eagle_eval.models.heads.io import CheckpointError, load_head, save_head
 from eagle_eval.models.heads.llama import DraftCache
@@ -334,11 +334,11 @@ def world(tmp_path_factory):
 
 def test_loop_lossless_and_profile_equal(world):
     _, target, prompts, head = world
-    cfg = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3)
-    checked = api.evaluate(RunConfig(**{**cfg.as_dict(), "check_lossless": True}), progress=False)
+    cfg = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3)
+    checked = api.evaluate(cfg, LoopOptions(check_lossless=True), progress=False)
     assert checked.report["summary"]["lossless"] is True and checked.report["summary"]["lossless_checked"] == 4
     loop = api.evaluate(cfg, progress=False)
-    prof = api.profile(ProfileConfig(run=cfg, max_steps=3), progress=False).report["by_num_steps"]["3"]
+    prof = api.profile(cfg, ProfileOptions(max_steps=3), progress=False).report["by_num_steps"]["3"]
     assert prof["per_position"] == loop.report["per_position"] and prof["histogram"] == loop.report["histogram"]
     assert prof["summary"] == loop.report["summary"]
     rates = [p["conditional_rate"] for p in loop.report["per_position"]]
@@ -356,11 +356,11 @@ def test_loop_lossless_and_profile_equal(world):
 def test_tree_loop_lossless_and_profile_equal(world):
     """Trees drive the same attention interface (K frontier queries over the cache and their ancestors)."""
     _, target, prompts, head = world
-    run = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3,
+    run = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=24, num_steps=3,
                     topk=2, num_draft_tokens=6)
-    loop = api.evaluate(RunConfig(**{**run.as_dict(), "check_lossless": True}), progress=False)
+    loop = api.evaluate(run, LoopOptions(check_lossless=True), progress=False)
     assert loop.report["summary"]["lossless"] is True
-    prof = api.profile(ProfileConfig(run=run, max_steps=3), progress=False)
+    prof = api.profile(run, ProfileOptions(max_steps=3), progress=False)
     for a, b in zip(loop.samples, prof.samples):
         assert a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"]["3"]
     assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
@@ -370,8 +370,8 @@ def test_rope_mismatch_with_the_target_is_a_warning(world, tmp_path):
     _, target, prompts, _ = world
     path = random_mla_head(tmp_path / "h", rope_scaling={**YARN, "factor": 8.0}, q_lora_rank=None)
     _set_config(path, rope_interleave=False)
-    oracle = api.load_oracle(RunConfig(target=str(target), draft=str(path), prompts=str(prompts)))
-    found = {f["code"]: f for f in oracle.resolved["sanity"]}
+    oracle = api.load_oracle(Settings.of(target=str(target), draft=str(path), prompts=str(prompts)))
+    found = {f["code"]: f for f in oracle.resolved.as_dict()["sanity"]}
     assert found["mla-rope-mismatch"]["severity"] == "warning"
     assert "rope_scaling.factor 8.0 vs 4.0" in found["mla-rope-mismatch"]["message"]
     assert found["mla-q-proj"]["severity"] == "warning" and found["mla-rope-interleave"]["severity"] == "warning"
@@ -394,18 +394,18 @@ def test_sglang_reads_nested_ids_per_target_family(world, tmp_path):
     cfg.pop("eagle_aux_hidden_state_layer_ids", None)
     cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": [2, 4, 5]}
     (starts_at_2 / "config.json").write_text(json.dumps(cfg))
-    oracle = api.load_oracle(RunConfig(target=str(target), draft=str(starts_at_2), prompts=str(prompts)))
-    aux = oracle.resolved["aux_layers"]
+    oracle = api.load_oracle(Settings.of(target=str(target), draft=str(starts_at_2), prompts=str(prompts)))
+    aux = oracle.resolved.as_dict()["aux_layers"]
     assert aux["hf"] == [3, 5, 6]                                   # eagle-eval reads nested ids SGLang-classic
     taps = {e: t["hf"] for e, t in aux["engines"].items()}
     assert list(aux["engines"]) == list(ENGINES)
     assert taps == {"sglang": [2, 4, 5], "sglang_before_25454": [3, 5, 6], "vllm_v1": [2, 4, 5], "vllm_v2": [2, 4, 5]}
-    codes = {f["code"]: f for f in oracle.resolved["sanity"]}
+    codes = {f["code"]: f for f in oracle.resolved.as_dict()["sanity"]}
     assert "sglang-taps-differ" in codes and "sglang-before-25454-taps-differ" not in codes
     assert "PR #25454" in codes["sglang-taps-differ"]["message"]
     assert "no nested list serves both versions" in codes["sglang-taps-differ"]["detail"]["recommended"]
     # the same config on a Llama target: llama.py adds 1, no version split
     llama = make_target(tmp_path / "llama", num_layers=8, seed=3)
-    oracle = api.load_oracle(RunConfig(target=str(llama), draft=str(starts_at_2), prompts=str(prompts)))
-    taps = {e: t["hf"] for e, t in oracle.resolved["aux_layers"]["engines"].items()}
+    oracle = api.load_oracle(Settings.of(target=str(llama), draft=str(starts_at_2), prompts=str(prompts)))
+    taps = {e: t["hf"] for e, t in oracle.resolved.as_dict()["aux_layers"]["engines"].items()}
     assert taps == {"sglang": [3, 5, 6], "vllm_v1": [2, 4, 5], "vllm_v2": [2, 4, 5]}

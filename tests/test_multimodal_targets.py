@@ -10,7 +10,7 @@ from fixtures import load_prompts, make_head, make_target, make_tokenizer, train
 from vlm_fixtures import TEXT_FAMILY, make_gemma3, make_kimi_style, make_vlm
 
 from eagle_eval import api
-from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.settings import LoopOptions, ProfileOptions, Settings
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.models.target import Target, TargetError, load_target
 from eagle_eval.results.report import render_table
@@ -38,9 +38,9 @@ def pairs(tmp_path_factory):
     return out, prompts
 
 
-def _cfg(pairs, kind: str, which: int = 1, **kw) -> RunConfig:
+def _cfg(pairs, kind: str, which: int = 1, **kw) -> Settings:
     folders, prompts = pairs
-    return RunConfig(target=str(folders[kind][which]), draft=str(folders[kind][2]), prompts=str(prompts),
+    return Settings.of(target=str(folders[kind][which]), draft=str(folders[kind][2]), prompts=str(prompts),
                      max_new_tokens=24, num_steps=3, dtype="fp32", trust_remote_code=kind == "kimi", **kw)
 
 
@@ -91,8 +91,8 @@ def test_loop_equals_the_plain_lm(pairs, kind):
     LM's run accepts (same weights, same head); its own generate agrees (check_lossless)."""
     from transformers import AutoModelForCausalLM
 
-    run = api.evaluate(_cfg(pairs, kind, check_lossless=True), progress=False)
-    plain_run = api.evaluate(_cfg(pairs, kind, which=0, check_lossless=True), progress=False)
+    run = api.evaluate(_cfg(pairs, kind), LoopOptions(check_lossless=True), progress=False)
+    plain_run = api.evaluate(_cfg(pairs, kind, which=0), LoopOptions(check_lossless=True), progress=False)
     plain = Target(AutoModelForCausalLM.from_pretrained(pairs[0][kind][0], dtype=torch.float32))
     for s, p in zip(run.samples, load_prompts(pairs[1], make_tokenizer())):
         assert s.lossless is True and s.output_ids == plain_greedy(plain, p.input_ids, 24, {2})
@@ -110,12 +110,12 @@ def test_loop_equals_the_plain_lm(pairs, kind):
 def test_profile_and_tree_equal_the_loop(pairs, kind):
     cfg = _cfg(pairs, kind)
     loop = api.evaluate(cfg, progress=False)
-    profiled = api.profile(ProfileConfig(run=cfg, max_steps=4), progress=False)
+    profiled = api.profile(cfg, ProfileOptions(max_steps=4), progress=False)
     section = profiled.report["by_num_steps"]["3"]
     assert [s.output_ids for s in profiled.samples] == [s.output_ids for s in loop.samples]
     for key in ("summary", "per_position", "histogram"):
         assert section[key] == loop.report[key]
-    tree = api.evaluate(_cfg(pairs, kind, topk=2, num_draft_tokens=6, check_lossless=True), progress=False)
+    tree = api.evaluate(_cfg(pairs, kind, topk=2, num_draft_tokens=6), LoopOptions(check_lossless=True), progress=False)
     assert all(s.lossless for s in tree.samples)
     assert [s.output_ids for s in tree.samples] == [s.output_ids for s in loop.samples]
 
@@ -124,8 +124,8 @@ def test_kimi_style_wrapper_is_deepseek_family_and_needs_trust(pairs):
     """SGLang serves it through deepseek_v2.py (its text_config is DeepSeek-V3): the older-SGLang line
     is reported; its auto_map needs --trust-remote-code."""
     oracle = api.load_oracle(_cfg(pairs, "kimi"))
-    assert "sglang_before_25454" in oracle.resolved["aux_layers"]["engines"]
-    assert "sglang_before_25454" not in api.load_oracle(_cfg(pairs, "llava")).resolved["aux_layers"]["engines"]
+    assert "sglang_before_25454" in oracle.resolved.as_dict()["aux_layers"]["engines"]
+    assert "sglang_before_25454" not in api.load_oracle(_cfg(pairs, "llava")).resolved.as_dict()["aux_layers"]["engines"]
     with pytest.raises(TargetError, match="auto_map.*--trust-remote-code"):
         load_target(pairs[0]["kimi"][1])
 
@@ -157,8 +157,8 @@ def test_sliding_window_target_runs_below_the_window(gemma):
     its own greedy generate; its report names the window."""
     target, head, root = gemma
     prompts = write_prompts(root / "short.jsonl", n=3, length=6)                  # 7..9 tokens
-    run = api.evaluate(RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=16,
-                                 num_steps=3, dtype="fp32", check_lossless=True), progress=False)
+    run = api.evaluate(Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=16,
+                                 num_steps=3, dtype="fp32"), LoopOptions(check_lossless=True), progress=False)
     assert all(s.lossless for s in run.samples) and all(len(s.output_ids) == 16 for s in run.samples)
     info = run.report["config"]["target"]
     assert (info["decoder"], info["sliding_window"]) == ("model.model.language_model.layers", 32)
@@ -167,16 +167,16 @@ def test_sliding_window_target_runs_below_the_window(gemma):
 def test_sliding_window_target_is_refused_past_the_window(gemma):
     target, head, root = gemma
     prompts = write_prompts(root / "long.jsonl", n=1, length=12)                  # 13 tokens + 16 + 4 + 1 > 31
-    cfg = RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=16, num_steps=3,
+    cfg = Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=16, num_steps=3,
                     dtype="fp32")
     with pytest.raises(DataError, match=r"13 tokens; with 21 more .* past the target's 31 positions "
                                         r"\(sliding window 32, less one"):
         api.evaluate(cfg, progress=False)
-    profiled = api.profile(ProfileConfig(run=cfg, max_steps=3), progress=False)     # no cache rollback: any length
+    profiled = api.profile(cfg, ProfileOptions(max_steps=3), progress=False)     # no cache rollback: any length
     loaded, _ = load_target(str(target), dtype="fp32")
     prompt = load_prompts(prompts, make_tokenizer())[0].input_ids
     assert profiled.samples[0].output_ids == plain_greedy(loaded, prompt, 16, {2})
-    short = RunConfig(**{**cfg.as_dict(), "prompts": str(write_prompts(root / "s.jsonl", n=1)), "topk": 2,
+    short = Settings.of(**{**cfg.flat(), "prompts": str(write_prompts(root / "s.jsonl", n=1)), "topk": 2,
                          "num_draft_tokens": 4})
     with pytest.raises(TargetError, match=r"tree verification \(--topk > 1\).*sliding-window layers \(window 32\)"):
         api.evaluate(short, progress=False)

@@ -6,7 +6,7 @@ import pytest
 from fixtures import load_prompts, make_target, train_head, write_prompts
 
 from eagle_eval import api
-from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.settings import ProfileOptions, Settings
 from eagle_eval.speculative.greedy import plain_greedy
 from eagle_eval.speculative.profile import greedy_continuations
 from eagle_eval.workload.data import DataError
@@ -19,17 +19,17 @@ def trained(tmp_path_factory):
     target = make_target(root / "target", seed=3)
     prompts = write_prompts(root / "prompts.jsonl", n=6, seed=1)
     head = train_head(target, root / "head", prompts, steps=40, num_steps=3)
-    return RunConfig(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=32)
+    return Settings.of(target=str(target), draft=str(head), prompts=str(prompts), max_new_tokens=32)
 
 
 @pytest.fixture(scope="module")
 def profiled(trained):
-    return api.profile(ProfileConfig(run=trained, max_steps=8, batch_tokens=120), progress=False)
+    return api.profile(trained, ProfileOptions(max_steps=8, batch_tokens=120), progress=False)
 
 
 @pytest.mark.parametrize("num_steps", [1, 2, 3, 5, 8])
 def test_profile_equals_loop(trained, profiled, num_steps):
-    loop = api.evaluate(RunConfig(**{**trained.as_dict(), "num_steps": num_steps, "aux_layers": None}),
+    loop = api.evaluate(Settings.of(**{**trained.flat(), "num_steps": num_steps, "aux_layers": None}),
                         progress=False)
     section = profiled.report["by_num_steps"][str(num_steps)]
     for a, b in zip(loop.samples, profiled.samples):
@@ -48,7 +48,7 @@ def test_profile_is_not_trivial(profiled):
 
 def test_batched_continuations_equal_batch_one_greedy(trained):
     oracle = api.load_oracle(trained)
-    prompts = [p.input_ids for p in load_prompts(trained.prompts, oracle.tokenizer)]
+    prompts = [p.input_ids for p in load_prompts(trained.workload.prompts, oracle.tokenizer)]
     batched = greedy_continuations(oracle.speculator, prompts, 20, pad_id=0, batch_tokens=90)
     for p, cont in zip(prompts, batched):
         assert cont == plain_greedy(oracle.speculator.target, p, 20, set())
@@ -60,7 +60,7 @@ def test_responses_file_round_trip_and_divergence(trained, profiled, tmp_path):
     rows[bad]["output_ids"][5] = (rows[bad]["output_ids"][5] + 1) % 96     # not the target's greedy token
     path = tmp_path / "responses.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = api.profile(ProfileConfig(run=trained, max_steps=8, responses=str(path)), progress=False)
+    res = api.profile(trained, ProfileOptions(max_steps=8, responses=str(path)), progress=False)
     div = res.report["response_divergences"]
     assert len(div) == 1 and div[0]["id"] == rows[bad]["id"] and div[0]["position"] == 5
     assert div[0]["continuation_token"] == rows[bad]["output_ids"][5] and div[0]["margin"] > 0
@@ -72,13 +72,13 @@ def test_missing_response_is_an_error(trained, tmp_path):
     path = tmp_path / "responses.jsonl"
     path.write_text(json.dumps({"id": "nope", "output_ids": [5, 6]}) + "\n")
     with pytest.raises(DataError, match="no response for prompt id"):
-        api.profile(ProfileConfig(run=trained, max_steps=2, responses=str(path)), progress=False)
+        api.profile(trained, ProfileOptions(max_steps=2, responses=str(path)), progress=False)
 
 
 def test_profile_outputs(trained, tmp_path):
     out = tmp_path / "prof"
-    run = RunConfig(**{**trained.as_dict(), "output_dir": str(out), "aux_layers": None})
-    api.profile(ProfileConfig(run=run, max_steps=4), progress=False)
+    run = Settings.of(**{**trained.flat(), "output_dir": str(out), "aux_layers": None})
+    api.profile(run, ProfileOptions(max_steps=4), progress=False)
     report = json.loads((out / "profile.json").read_text())
     assert sorted(report["by_num_steps"]) == ["1", "2", "3", "4"]
     for section in report["by_num_steps"].values():
@@ -89,10 +89,10 @@ def test_profile_outputs(trained, tmp_path):
 
 @pytest.mark.parametrize("topk, draft_tokens", [(2, 6), (3, 10), (4, 16)])
 def test_tree_profile_equals_tree_loop(trained, topk, draft_tokens):
-    run = RunConfig(**{**trained.as_dict(), "aux_layers": None, "topk": topk, "num_draft_tokens": draft_tokens})
-    prof = api.profile(ProfileConfig(run=run, max_steps=5), progress=False)
+    run = Settings.of(**{**trained.flat(), "aux_layers": None, "topk": topk, "num_draft_tokens": draft_tokens})
+    prof = api.profile(run, ProfileOptions(max_steps=5), progress=False)
     for s in (2, 3, 5):
-        loop = api.evaluate(RunConfig(**{**run.as_dict(), "aux_layers": None, "num_steps": s}), progress=False)
+        loop = api.evaluate(Settings.of(**{**run.flat(), "aux_layers": None, "num_steps": s}), progress=False)
         for a, b in zip(loop.samples, prof.samples):
             assert a.accepted_per_cycle == b.extra["accepted_per_cycle_by_num_steps"][str(s)]
         section = prof.report["by_num_steps"][str(s)]

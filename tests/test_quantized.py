@@ -12,7 +12,7 @@ from fixtures import make_head, write_prompts
 from quant_fixtures import EXPERT, fp8_block_dequantize, make_fp8_target, make_int4_target
 
 from eagle_eval import api
-from eagle_eval.config import ProfileConfig, RunConfig
+from eagle_eval.settings import ProfileOptions, Settings
 from eagle_eval.models.capture import FeatureCapture, resolve_aux_layers
 from eagle_eval.models.quant.info import held_quantized
 from eagle_eval.models.target import load_target
@@ -32,7 +32,7 @@ def built(tmp_path_factory):
 
 
 def run_config(built, kind, **kw):
-    return RunConfig(target=str(built[kind]), draft=str(built["head"]), prompts=str(built["prompts"]),
+    return Settings.of(target=str(built[kind]), draft=str(built["head"]), prompts=str(built["prompts"]),
                      max_new_tokens=20, num_steps=3, aux_layers=(0, 1, 2), aux_convention="hf", dtype="fp32",
                      **kw)
 
@@ -101,12 +101,12 @@ def test_loop_equals_generate_and_profile_equals_loop(built, kind):
     oracle = api.load_oracle(cfg)
     loop = api.evaluate(cfg, progress=False)
     model = oracle.speculator.target.model
-    for sample, row in zip(loop.samples, [r for r in load_workload(cfg, oracle.tokenizer).first_prompts]):
+    for sample, row in zip(loop.samples, [r for r in load_workload(cfg.workload, oracle.tokenizer).first_prompts]):
         ids = torch.tensor([row.input_ids])
-        expected = model.generate(ids, max_new_tokens=cfg.max_new_tokens, do_sample=False, eos_token_id=sorted(oracle.eos_ids),
+        expected = model.generate(ids, max_new_tokens=cfg.workload.max_new_tokens, do_sample=False, eos_token_id=sorted(oracle.eos_ids),
                                   pad_token_id=0)[0, ids.shape[1]:].tolist()
         assert sample.output_ids == expected, sample.id
-    prof = api.profile(ProfileConfig(run=cfg, max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
+    prof = api.profile(cfg, ProfileOptions(max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
     section = prof.report["by_num_steps"]["3"]
     assert section["per_position"] == loop.report["per_position"]
     assert section["histogram"] == loop.report["histogram"]
@@ -162,12 +162,12 @@ def test_held_fp8_loop_equals_its_generate_and_profile_equals_loop(built, gpu_wi
     assert oracle.speculator.target.info.quantization["fp8_matmul"]["matmul"] == "dequantize"
     loop = api.evaluate(cfg, progress=False)
     model = oracle.speculator.target.model
-    for sample, row in zip(loop.samples, load_workload(cfg, oracle.tokenizer).first_prompts):
+    for sample, row in zip(loop.samples, load_workload(cfg.workload, oracle.tokenizer).first_prompts):
         ids = torch.tensor([row.input_ids])
-        expected = model.generate(ids, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+        expected = model.generate(ids, max_new_tokens=cfg.workload.max_new_tokens, do_sample=False,
                                   eos_token_id=sorted(oracle.eos_ids), pad_token_id=0)[0, ids.shape[1]:].tolist()
         assert sample.output_ids == expected, sample.id
-    prof = api.profile(ProfileConfig(run=cfg, max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
+    prof = api.profile(cfg, ProfileOptions(max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
     assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
     assert loop.report["config"]["target"]["quantization"]["fp8_matmul"]["matmul"] == "dequantize"
 
@@ -205,7 +205,7 @@ def test_dequantize_blocks_refuses_a_grid_that_does_not_fit_the_block():
 
 
 def test_fp8_matmul_choices_agree():
-    from eagle_eval.config import FP8_MATMUL_CHOICES as CONFIG_CHOICES
+    from eagle_eval.settings import FP8_MATMUL_CHOICES as CONFIG_CHOICES
     from eagle_eval.models.quant.fp8 import FP8_MATMUL_CHOICES
 
     assert CONFIG_CHOICES == FP8_MATMUL_CHOICES

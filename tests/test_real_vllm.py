@@ -17,8 +17,9 @@ import pytest
 from real_vllm import REPO, real_vllm_servers  # noqa: F401  (the fixture)
 
 from eagle_eval import api
-from eagle_eval.config import RunConfig
-from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
+from eagle_eval.settings import Settings
+from eagle_eval.servers.options import ServerCheckOptions
+from eagle_eval.servers.check import render_server_check, run_server_check
 from eagle_eval.servers.vllm import SOURCE_COUNTERS, SOURCE_DETAILED
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.slow]
@@ -32,7 +33,7 @@ SPECULATIVE = {"num_speculative_tokens": NUM_STEPS}
 
 @pytest.fixture(scope="module")
 def oracle():
-    return api.load_oracle(RunConfig(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32"))
+    return api.load_oracle(Settings.of(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32"))
 
 
 def served_head(tmp_path, name, nested=None, top=None):
@@ -51,8 +52,8 @@ def served_head(tmp_path, name, nested=None, top=None):
 
 
 def check(oracle, url, limit=None, **kw):
-    cfg = RunConfig(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32", limit=limit)
-    return run_server_check(cfg, ServerCheckConfig(backend="vllm", url=url, **kw), oracle=oracle)
+    cfg = Settings.of(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32", limit=limit)
+    return run_server_check(cfg, ServerCheckOptions(backend="vllm", url=url, **kw), oracle=oracle)
 
 
 def taps_logged(server) -> str:

@@ -24,8 +24,9 @@ from real_vllm import REPO, real_vllm_servers  # noqa: F401  (the fixture)
 from smollm2_target import smollm2_target_or_skip
 
 from eagle_eval import api
-from eagle_eval.config import RunConfig
-from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
+from eagle_eval.settings import Settings
+from eagle_eval.servers.options import ServerCheckOptions
+from eagle_eval.servers.check import render_server_check, run_server_check
 from eagle_eval.servers.vllm import SOURCE_DETAILED
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.smollm2, pytest.mark.slow]
@@ -43,7 +44,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def run_config(target):
-    return RunConfig(target=str(target), draft=str(HEAD), num_steps=NUM_STEPS, dtype="fp32",
+    return Settings.of(target=str(target), draft=str(HEAD), num_steps=NUM_STEPS, dtype="fp32",
                      dataset=str(PROMPTS), limit=LIMIT, max_new_tokens=MAX_NEW_TOKENS)
 
 
@@ -56,14 +57,14 @@ def test_smollm2_pair_is_exact_request_by_request(real_vllm_servers, target, run
     oracle = api.load_oracle(run_config)
     head = oracle.speculator.head
     assert head.fc.weight.dtype == head.lm_head.weight.dtype == torch.float32      # bf16 upcast, exact
-    assert oracle.resolved["aux_layers"]["hf"] == [2, 15, 27]
+    assert oracle.resolved.as_dict()["aux_layers"]["hf"] == [2, 15, 27]
 
     server = real_vllm_servers(target, HEAD, SPECULATIVE)
     log = server.log_path.read_text()
     assert taps_logged(server) == "(2, 15, 27)"
     assert "Upcasting torch.bfloat16 to torch.float32." in log       # the head's bf16 config, served in fp32
 
-    result = run_server_check(run_config, ServerCheckConfig(backend="vllm", url=server.url), oracle=oracle)
+    result = run_server_check(run_config, ServerCheckOptions(backend="vllm", url=server.url), oracle=oracle)
     r, j = result.report, result.report["judgement"]
     assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)
     assert j["mode"] == "exact" and j["exact"] == j["requests"] == LIMIT, render_server_check(r)

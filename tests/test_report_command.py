@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from eagle_eval import api
 from eagle_eval import oracle as oracle_module
 from eagle_eval.cli import main
-from eagle_eval.config import RunConfig
+from eagle_eval.settings import Settings
 from eagle_eval.results.compare import compare, load_result
 from eagle_eval.results.findings import Finding, render_findings
 from eagle_eval.results.records import SampleRecord
@@ -49,7 +49,7 @@ def runs(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = {}
     for name, every in (("a", 5), ("b", 2)):
-        cfg = RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), num_steps=3, max_new_tokens=16,
+        cfg = Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), num_steps=3, max_new_tokens=16,
                         dataset=str(DATA / "mt_bench_question.jsonl"), output_dir=str(root / name))
         with pytest.MonkeyPatch.context() as mp:
             _partly_right_drafts(mp, every)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eagle_eval.cli import main
-from eagle_eval.config import BUNDLED_DRAFT
+from eagle_eval.settings import BUNDLED_DRAFT
 from eagle_eval.results import run_folder as rf
 
 RUN = ["run", "--limit", "2", "--max-new-tokens", "4"]

@@ -2,7 +2,7 @@
 
 The faithful server must agree; each injected fault must be caught, and for the wiring faults the
 hypothesis matching must name the fault that was injected. The faulty servers' oracles are built from
-a changed RunConfig (not through the hypotheses' own variant code), so naming the fault is a real test.
+changed settings (not through the hypotheses' own variant code), so naming the fault is a real test.
 """
 
 import json
@@ -16,11 +16,12 @@ from trained import AUX_HF, NEW_TOKENS, NUM_PROMPTS, NUM_STEPS, trained
 
 from eagle_eval import api
 from eagle_eval.cli import main
-from eagle_eval.config import ConfigError, RunConfig
-from eagle_eval.servers.check import ServerCheckConfig, render_server_check, run_server_check
+from eagle_eval.settings import ConfigError, Settings
+from eagle_eval.servers.options import ServerCheckOptions
+from eagle_eval.servers.check import render_server_check, run_server_check
 from eagle_eval.servers.http import ServerError
 
-# wiring faults as a server would have them, written as the RunConfig that reproduces each
+# wiring faults as a server would have them, written as the settings that reproduce each
 WIRING_FAULTS = {
     "aux_hf_plus_1": dict(aux_layers=tuple(i + 1 for i in AUX_HF), aux_convention="hf"),
     "aux_hf_minus_1": dict(aux_layers=tuple(i - 1 for i in AUX_HF), aux_convention="hf"),
@@ -38,7 +39,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_config(models):
-    return RunConfig(target=str(models["target"]), draft=str(models["head"]), prompts=str(models["prompts"]),
+    return Settings.of(target=str(models["target"]), draft=str(models["head"]), prompts=str(models["prompts"]),
                      num_steps=NUM_STEPS, max_new_tokens=NEW_TOKENS)
 
 
@@ -53,19 +54,19 @@ def server_oracle(run_config):
 
     def get(fault=None):
         if fault not in cache:
-            cache[fault] = api.load_oracle(replace(run_config, **WIRING_FAULTS.get(fault, {})))
+            cache[fault] = api.load_oracle(run_config.with_(**WIRING_FAULTS.get(fault, {})))
         return cache[fault]
     return get
 
 
 def _check(run_config, checker, url, backend, **kw):
-    cfg = ServerCheckConfig(backend=backend, url=url, metrics_settle=0, retries=0, **kw)
+    cfg = ServerCheckOptions(backend=backend, url=url, metrics_settle=0, retries=0, **kw)
     return run_server_check(run_config, cfg, oracle=checker)
 
 
 def _cli(run_config, *args):
-    base = ["server-check", "--target", run_config.target, "--draft", run_config.draft, "--prompts",
-            run_config.prompts, "--num-steps", str(NUM_STEPS), "--max-new-tokens", str(NEW_TOKENS),
+    base = ["server-check", "--target", run_config.model.target, "--draft", run_config.model.draft, "--prompts",
+            run_config.workload.prompts, "--num-steps", str(NUM_STEPS), "--max-new-tokens", str(NEW_TOKENS),
             "--metrics-settle", "0"]
     return CliRunner().invoke(main, base + list(args))
 
@@ -149,7 +150,7 @@ def test_vllm_per_step_order_differs_with_equal_totals(run_config, checker, serv
     """The stand-in reports each request's verify steps in reverse: every total and per-position count is
     the oracle's, so only the per-cycle comparison can fail it; it must, naming the first cycle. (Both
     sides run the aux_hf_plus_1 wiring: the trained head's faithful sequences are all 3s, the same reversed.)"""
-    wiring = replace(run_config, **WIRING_FAULTS["aux_hf_plus_1"])
+    wiring = run_config.with_(**WIRING_FAULTS["aux_hf_plus_1"])
     oracle = server_oracle("aux_hf_plus_1")
     with serve(Engine(oracle, "vllm", fault="per_step_reversed", per_request="detailed")) as url:
         result = _check(wiring, oracle, url, "vllm", hypotheses=False)
@@ -183,9 +184,9 @@ def test_vllm_wiring_fault_named_with_per_cycle_counts(run_config, checker, serv
 
 def test_vllm_metrics_choice_needs_vllm():
     with pytest.raises(ConfigError, match="--vllm-metrics needs --backend vllm"):
-        ServerCheckConfig(backend="sglang", url="http://127.0.0.1:1", vllm_metrics="counters")
+        ServerCheckOptions(backend="sglang", url="http://127.0.0.1:1", vllm_metrics="counters")
     with pytest.raises(ConfigError, match="--vllm-metrics must be one of auto, per-request, counters"):
-        ServerCheckConfig(backend="vllm", url="http://127.0.0.1:1", vllm_metrics="both")
+        ServerCheckOptions(backend="vllm", url="http://127.0.0.1:1", vllm_metrics="both")
 
 
 def test_cli_vllm_metrics_per_request_never_falls_back_to_counters(run_config, server_oracle):
@@ -219,7 +220,7 @@ def test_unadjusted_num_draft_tokens_is_a_settings_mismatch(run_config, checker,
 
 
 def test_topk1_adjustment_is_expected(run_config, server_oracle):
-    asked = replace(run_config, num_draft_tokens=8)             # SGLang turns this into num_steps + 1
+    asked = run_config.with_(num_draft_tokens=8)             # SGLang turns this into num_steps + 1
     with pytest.warns(UserWarning, match="adjusted"):
         oracle = api.load_oracle(asked)
     with serve(Engine(server_oracle(), "sglang")) as url:
@@ -309,7 +310,7 @@ def test_sglang_log_alone_catches_a_faulty_server(run_config, checker, server_or
     log.touch()
     with serve(Engine(server_oracle("aux_hf_minus_1"), "sglang", log_path=log, log_interval=10)) as url:
         _check(run_config, checker, url, "sglang", hypotheses=False)      # the workload, as a user would run it
-    result = run_server_check(run_config, ServerCheckConfig(backend="sglang", sglang_log=str(log)), oracle=checker)
+    result = run_server_check(run_config, ServerCheckOptions(backend="sglang", sglang_log=str(log)), oracle=checker)
     lg = result.report["sglang_log"]
     assert result.exit_status == 1 and lg["within_tolerance"] is False
     assert lg["server_accept_length"] < 0.75 * lg["oracle_accept_length"]

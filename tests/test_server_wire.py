@@ -1,10 +1,12 @@
 """Wire formats, settings, log lines and hypotheses without a model or a server."""
 
+from types import SimpleNamespace
+
 import pytest
 
-from eagle_eval.config import ConfigError
-from eagle_eval.servers.check import ServerCheckConfig
-from eagle_eval.servers.compare import accept_rate_definition, compare_sglang_settings, parse_sglang_log
+from eagle_eval.settings import ConfigError
+from eagle_eval.servers.options import ServerCheckOptions
+from eagle_eval.servers.sglang import accept_rate_definition, compare_sglang_settings, parse_sglang_log
 from eagle_eval.servers.http import ServerError
 from eagle_eval.servers.hypotheses import candidate_hypotheses
 from eagle_eval.servers.sglang import parse_sglang_generate, sglang_settings
@@ -86,7 +88,7 @@ def test_vllm_completion_ids_from_token_ids_or_logprobs():
 
 
 def test_sglang_settings_topk1_adjustment():
-    resolved = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "num_draft_tokens_given": 8}
+    resolved = SimpleNamespace(num_steps=3, topk=1, num_draft_tokens=4, num_draft_tokens_given=8)
     info = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": 4, "speculative_draft_model_path": "/srv/heads/my-head/"}
     rows = {r["setting"]: r for r in compare_sglang_settings(info, resolved, "/local/my-head")}
@@ -134,4 +136,4 @@ def test_hypotheses_for_a_head_with_its_own_table_and_a_server_with_other_steps(
 ])
 def test_check_config_validation(kw, match):
     with pytest.raises(ConfigError, match=match):
-        ServerCheckConfig(**kw)
+        ServerCheckOptions(**kw)

@@ -11,8 +11,9 @@ import pytest
 from smollm2_target import smollm2_target_or_skip
 
 from eagle_eval import api
-from eagle_eval.config import REPO_ROOT, ProfileConfig, RunConfig
-from eagle_eval.diagnose.run import DiagnoseConfig, diagnose
+from eagle_eval.settings import LoopOptions, REPO_ROOT, ProfileOptions, Settings
+from eagle_eval.diagnose.options import DiagnoseOptions
+from eagle_eval.diagnose.run import diagnose
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
@@ -29,7 +30,7 @@ def target():
 
 
 def _run(target, **kw):
-    return RunConfig(target=str(target), draft=str(HEAD), num_steps=5, dtype="fp32", **kw)
+    return Settings.of(target=str(target), draft=str(HEAD), num_steps=5, dtype="fp32", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def oracle(target):
 
 
 def test_lossless_and_the_training_prediction(target):
-    report = api.evaluate(_run(target, limit=2, max_new_tokens=24, check_lossless=True), progress=False).report
+    report = api.evaluate(_run(target, limit=2, max_new_tokens=24), LoopOptions(check_lossless=True), progress=False).report
     assert report["summary"]["lossless"] is True and report["summary"]["lossless_checked"] == 2
     pred = report["training_prediction"]
     assert "training_metrics.json" in pred["source"] and pred["positions_predicted"] == 5
@@ -48,7 +49,7 @@ def test_lossless_and_the_training_prediction(target):
 
 
 def test_tau_is_the_committed_figure(target, oracle):
-    res = api.profile(ProfileConfig(run=_run(target, limit=8, max_new_tokens=32), max_steps=5), progress=False,
+    res = api.profile(_run(target, limit=8, max_new_tokens=32), ProfileOptions(max_steps=5), progress=False,
                       oracle=oracle)
     tau = res.report["by_num_steps"]["5"]["summary"]["accept_length"]
     assert abs(tau - COMMITTED_TAU) <= TAU_BAND, f"tau {tau:.3f}, committed {COMMITTED_TAU} +- {TAU_BAND}"
@@ -57,7 +58,7 @@ def test_tau_is_the_committed_figure(target, oracle):
 def test_diagnose_names_the_trained_layers_behind_the_embedding_fix(target):
     """The list shifted one slot with -1 in front (SGLang ids [-1, 1, 14] for [1, 14, 26])."""
     run = _run(target, aux_layers=(-1, 1, 14), aux_convention="sglang", max_new_tokens=32)
-    result = diagnose(run, DiagnoseConfig(prompt_budget=8, template_check=False))
+    result = diagnose(run, DiagnoseOptions(prompt_budget=8, template_check=False))
     codes = [f.code for f in result.findings]
     assert result.exit_status == 1 and "aux-layer-mismatch" in codes
     assert result.report["recommended_aux_layers"]["hf"] == TRAINED_HF

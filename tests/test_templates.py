@@ -7,7 +7,7 @@ import pytest
 from fixtures import make_tokenizer
 
 from eagle_eval import api
-from eagle_eval.config import ConfigError, RunConfig
+from eagle_eval.settings import ConfigError, Settings, parse_names
 from eagle_eval.workload.data import DataError, tokenize_row
 from eagle_eval.workload.templates import NO_TEMPLATE_GIVEN, NO_TEMPLATE_IN_TOKENIZER, PromptFormat
 
@@ -71,21 +71,24 @@ def test_tokenizer_without_template(tok):
 
 def test_config_refuses_contradictions():
     with pytest.raises(ConfigError, match="exclude each other"):
-        RunConfig(no_chat_template=True, chat_template="t.jinja")
+        Settings.of(no_chat_template=True, chat_template="t.jinja")
     with pytest.raises(ConfigError, match="need a chat template"):
-        RunConfig(no_chat_template=True, enable_thinking=True)
+        Settings.of(no_chat_template=True, enable_thinking=True)
     with pytest.raises(ConfigError, match="--dataset-format needs --dataset"):
-        RunConfig(dataset_format="gsm8k")
-    assert RunConfig(categories="a, b").categories == ("a", "b")
+        Settings.of(dataset_format="gsm8k")
+    assert parse_names("a, b") == ("a", "b")                    # the flag's spelling
+    assert Settings.of(categories=["a", "b"]).workload.categories == ("a", "b")   # a list in a settings file
+    with pytest.raises(ConfigError, match="--categories: expected a list"):
+        Settings.of(categories="a, b")                          # never split silently
 
 
 def test_report_records_template_hash_and_sample_prompt(tiny):
     cfg = dict(target=str(tiny["target"]), draft=str(tiny["head"]), dataset=str(DATA / "gsm8k_test.jsonl"),
                max_new_tokens=4, limit=1)
-    report = api.evaluate(RunConfig(**cfg), progress=False).report
+    report = api.evaluate(Settings.of(**cfg), progress=False).report
     assert report["config"]["dataset_format"] == "gsm8k" and report["config"]["dataset_format_given"] is None
     assert report["sample_prompt"] == "<|user|> w5 w6 w7 w8 w9 <|assistant|> "
     assert report["config"]["template_sha256"] == hashlib.sha256(make_tokenizer().chat_template.encode()).hexdigest()
-    raw = api.evaluate(RunConfig(**cfg, no_chat_template=True), progress=False).report
+    raw = api.evaluate(Settings.of(**cfg, no_chat_template=True), progress=False).report
     assert raw["sample_prompt"] == "w5 w6 w7 w8 w9" and raw["config"]["template_sha256"] is None
     assert raw["config"]["prompt_format"]["chat_template"] == NO_TEMPLATE_GIVEN

@@ -9,7 +9,7 @@ from fixtures import load_prompts
 from trained import NEW_TOKENS, NUM_STEPS, trained
 
 from eagle_eval import api
-from eagle_eval.config import RunConfig
+from eagle_eval.settings import Settings
 from eagle_eval.testing import (
     EagleOracle,
     assert_accept_length_close,
@@ -92,10 +92,10 @@ def test_acceptance_assertions(oracle, prompts):
 
 def test_a_server_test_suite_against_sglang(models, oracle, prompts):
     """How an engine's own CI would use the oracle: send, then assert."""
-    cfg = RunConfig(target=str(models["target"]), draft=str(models["head"]), num_steps=NUM_STEPS,
+    cfg = Settings.of(target=str(models["target"]), draft=str(models["head"]), num_steps=NUM_STEPS,
                     max_new_tokens=NEW_TOKENS)
     for wiring, ok in (({}, True), ({"aux_layers": (1, 3, 4), "aux_convention": "hf"}, False)):
-        with serve(Engine(api.load_oracle(replace(cfg, **wiring)), "sglang")) as url:
+        with serve(Engine(api.load_oracle(cfg.with_(**wiring)), "sglang")) as url:
             for p in prompts[:3]:
                 exp = oracle.expected(p.input_ids, id=p.id)
                 out = requests.post(f"{url}/generate", timeout=30, json={

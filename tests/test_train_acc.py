@@ -10,11 +10,11 @@ from click.testing import CliRunner
 
 from eagle_eval import api
 from eagle_eval.cli import main
-from eagle_eval.config import ConfigError, ProfileConfig, RunConfig
+from eagle_eval.settings import ConfigError, ProfileOptions, Settings
 
 
 def _cfg(tiny, draft=None, **kw):
-    return RunConfig(target=str(tiny["target"]), draft=str(draft or tiny["head"]), prompts=str(tiny["prompts"]),
+    return Settings.of(target=str(tiny["target"]), draft=str(draft or tiny["head"]), prompts=str(tiny["prompts"]),
                      max_new_tokens=12, num_steps=4, **kw)
 
 
@@ -41,8 +41,8 @@ def test_the_head_folder_file_is_read_and_predicts_per_position(tiny, head_with_
 
 
 def test_command_line_accuracy_wins_and_profile_shows_it(tiny, head_with_metrics):
-    pcfg = ProfileConfig(run=_cfg(tiny, draft=head_with_metrics, train_acc=(0.5, 0.5)), max_steps=3)
-    report = api.profile(pcfg, progress=False).report
+    report = api.profile(_cfg(tiny, draft=head_with_metrics, train_acc=(0.5, 0.5)), ProfileOptions(max_steps=3),
+                         progress=False).report
     for s, sec in report["by_num_steps"].items():
         pred = sec["training_prediction"]
         k = min(2, int(s))
@@ -72,7 +72,7 @@ def test_a_bad_metrics_file_is_one_line_naming_it(tiny, tmp_path, text, message)
 
 def test_train_acc_option_is_checked():
     with pytest.raises(ConfigError, match="--train-acc"):
-        RunConfig(train_acc=(0.9, 1.2))
+        Settings.of(train_acc=(0.9, 1.2))
     result = CliRunner().invoke(main, ["run", "--train-acc", "0.9,x"])
     assert result.exit_code == 2 and "--train-acc must be comma-separated numbers" in result.output
-    assert math.isclose(RunConfig(train_acc=[0.5]).train_acc[0], 0.5)
+    assert math.isclose(Settings.of(train_acc=[0.5]).model.train_acc[0], 0.5)

@@ -5,7 +5,7 @@ import torch
 from fixtures import load_prompts
 
 from eagle_eval import api
-from eagle_eval.config import ConfigError, RunConfig
+from eagle_eval.settings import ConfigError, Settings
 from eagle_eval.speculative import chain
 from eagle_eval.speculative.draft import DraftState
 from eagle_eval.speculative.greedy import plain_greedy
@@ -48,28 +48,28 @@ def test_pool_size_and_invalid_combinations(tiny):
     assert pool_size(5, 4) == 4 + 4 * 16
     base = dict(target=str(tiny["target"]), draft=str(tiny["head"]))
     with pytest.raises(ConfigError, match="D <= 7"):
-        api.load_oracle(RunConfig(**base, num_steps=2, topk=2, num_draft_tokens=8))
+        api.load_oracle(Settings.of(**base, num_steps=2, topk=2, num_draft_tokens=8))
     with pytest.raises(ConfigError, match="needs --num-draft-tokens"):
-        api.load_oracle(RunConfig(**base, num_steps=2, topk=2))
+        api.load_oracle(Settings.of(**base, num_steps=2, topk=2))
     with pytest.raises(ConfigError, match=">= 2"):
-        RunConfig(**base, num_steps=2, topk=2, num_draft_tokens=1)
+        Settings.of(**base, num_steps=2, topk=2, num_draft_tokens=1)
 
 
 def test_eagle_parameter_names(tiny):
-    cfg = RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), eagle_depth=4, eagle_top_k=3,
+    cfg = Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), eagle_depth=4, eagle_top_k=3,
                     eagle_total_token=12)
-    assert (cfg.num_steps, cfg.topk, cfg.num_draft_tokens) == (5, 3, 12)
+    assert (cfg.speculation.num_steps, cfg.speculation.topk, cfg.speculation.num_draft_tokens) == (5, 3, 12)
     oracle = api.load_oracle(cfg)
-    assert oracle.resolved["eagle_params"]["conversion"].startswith("num_steps = depth + 1")
+    assert oracle.resolved.as_dict()["eagle_params"]["conversion"].startswith("num_steps = depth + 1")
     with pytest.raises(ConfigError, match="go together"):
-        RunConfig(eagle_depth=4)
+        Settings.of(eagle_depth=4)
 
 
 @pytest.fixture(scope="module")
 def oracle(tiny):
-    cfg = RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]))
+    cfg = Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]))
     o = api.load_oracle(cfg)
-    return o, load_prompts(cfg.prompts, o.tokenizer)
+    return o, load_prompts(cfg.workload.prompts, o.tokenizer)
 
 
 @pytest.mark.parametrize("s, k, d", [(2, 2, 3), (3, 2, 6), (4, 3, 10), (3, 4, 21)])
@@ -126,7 +126,7 @@ def test_oracle_tree_accepts_s_or_nothing(oracle, monkeypatch, right):
 
 
 def test_tree_report_fields(tiny):
-    cfg = RunConfig(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
+    cfg = Settings.of(target=str(tiny["target"]), draft=str(tiny["head"]), prompts=str(tiny["prompts"]),
                     num_steps=3, topk=2, num_draft_tokens=5, max_new_tokens=12)
     report = api.evaluate(cfg, progress=False).report
     s = report["summary"]

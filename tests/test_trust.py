@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle_eval.config import BUNDLED_DRAFT
-from eagle_eval.errors import EXIT_FAILED, EXIT_OK, EXIT_UNDECIDED, UserError
+from eagle_eval.settings import BUNDLED_DRAFT, Settings
+from eagle_eval.errors import ExitCode
 from eagle_eval.results import findings as fnd
 
 
@@ -39,37 +39,28 @@ def _edit_config(folder: Path, edit) -> Path:
 # -- exit statuses from findings: each severity, and the load-time gate ----------------------------------
 
 @pytest.mark.parametrize("severities, status", [
-    ((), EXIT_OK),
-    (("info",), EXIT_OK),
-    (("info", "warning"), EXIT_OK),
-    (("undecided",), EXIT_UNDECIDED),
-    (("warning", "undecided"), EXIT_UNDECIDED),
-    (("error",), EXIT_FAILED),
-    (("undecided", "error", "info"), EXIT_FAILED),
+    ((), ExitCode.OK),
+    (("info",), ExitCode.OK),
+    (("info", "warning"), ExitCode.OK),
+    (("undecided",), ExitCode.UNDECIDED),
+    (("warning", "undecided"), ExitCode.UNDECIDED),
+    (("error",), ExitCode.FAILED),
+    (("undecided", "error", "info"), ExitCode.FAILED),
 ])
 def test_the_exit_status_of_findings_follows_the_worst_severity(severities, status):
     found = [fnd.Finding(s, f"code-{i}", "m") for i, s in enumerate(severities)]
     decision = fnd.decide(found)
-    assert decision.status == status
+    assert decision.status == status == fnd.exit_status(found)
     assert decision.failing == tuple(f.code for f in found if f.severity == "error")
     assert decision.undecided == tuple(f.code for f in found if f.severity == "undecided")
     assert fnd.decide([f.as_dict() for f in found]) == decision          # as stored in a report
 
 
-def test_a_load_time_error_stops_the_run_unless_allowed():
-    found = [fnd.info("dialect", "ok"), fnd.error("lm_head-untrained", "lm_head still matches a fresh init"),
-             fnd.warning("rope-theta-mismatch", "w")]
-    with pytest.raises(fnd.LoadChecksFailed) as caught:
-        fnd.gate(found)
-    assert caught.value.status == EXIT_FAILED and not isinstance(caught.value, UserError)
-    assert "lm_head-untrained" in str(caught.value) and "fresh init" in str(caught.value)
-    assert fnd.gate(found, allow=True).status == EXIT_FAILED              # allowed: proceeds, still exit 1
-    assert fnd.gate([f for f in found if f.severity != "error"]).status == EXIT_OK
-
-
-def test_an_undecided_load_time_finding_does_not_stop_the_run():
-    decision = fnd.gate([fnd.undecided("x", "could not tell")])
-    assert decision.status == EXIT_UNDECIDED and decision.message() == "1 check(s) could not decide: x"
+def test_a_decision_names_the_findings_that_set_it():
+    assert fnd.decide([fnd.undecided("x", "could not tell")]).message() == "1 check(s) could not decide: x"
+    assert fnd.decide([fnd.error("a", ""), fnd.error("b", ""), fnd.error("a", "")]).message("load-time check") == \
+        "2 load-time check(s) failed: a, b"
+    assert fnd.decide([fnd.info("c", "")]).message() == ""
 
 
 # -- weight dtypes: every head tensor against what it may be ---------------------------------------------
@@ -150,7 +141,7 @@ def test_a_non_finite_draft_tensor_is_an_error_finding_naming_it(tmp_path, key, 
 
     found = finite_findings(_head_with(tmp_path, edit).head)
     assert [f.severity for f in found] == ["error"] and found[0].code == "weights-not-finite"
-    assert key in found[0].message and fnd.decide(found).status == EXIT_FAILED
+    assert key in found[0].message and fnd.decide(found).status == ExitCode.FAILED
     assert finite_findings(_head_with(tmp_path / "ok", None).head)[0].severity == "info"
 
 
@@ -170,7 +161,7 @@ def test_a_broken_vocab_map_is_an_error_finding(tmp_path, edit, code):
     loaded = _head_with(tmp_path, edit)
     found = vocab_map_findings(loaded.head.d2t, loaded.head.t2d, False)
     assert code in [f.code for f in found if f.severity == "error"]
-    assert fnd.decide(found).status == EXIT_FAILED
+    assert fnd.decide(found).status == ExitCode.FAILED
 
 
 # -- no traceback from an output folder: read-only, full, inside a symlink loop ------------------------
@@ -322,7 +313,7 @@ def _pickle_target(tmp_path, names=("pytorch_model.bin",)) -> tuple[Path, Path]:
     """The bundled target with its safetensors replaced by pickles that would create `marker` if unpickled."""
     import pickle
 
-    from eagle_eval.config import BUNDLED_TARGET
+    from eagle_eval.settings import BUNDLED_TARGET
 
     target, marker = tmp_path / "target", tmp_path / "UNPICKLED"
     shutil.copytree(BUNDLED_TARGET, target)
@@ -376,7 +367,7 @@ def test_a_max_memory_accelerate_cannot_read_is_an_error(text, said):
 
 
 def test_max_memory_is_refused_where_it_would_be_ignored(tmp_path):
-    from eagle_eval.config import BUNDLED_TARGET
+    from eagle_eval.settings import BUNDLED_TARGET
     from eagle_eval.models.target import TargetError, load_target, parse_max_memory
 
     assert parse_max_memory("0=70GiB, 1=1.5GB,cpu=100GiB") == {0: "70GiB", 1: "1.5GB", "cpu": "100GiB"}
@@ -464,7 +455,7 @@ def test_aux_layer_ids_are_never_coerced():
     ({"id": "a", "input_ids": [1, True, 5]}, "key 'input_ids' must be a non-empty list of integers"),
 ])
 def test_a_prompt_row_value_of_the_wrong_type_is_an_error_naming_the_line_and_key(tmp_path, row, said):
-    from eagle_eval.config import BUNDLED_TARGET, RunConfig
+    from eagle_eval.settings import BUNDLED_TARGET
     from eagle_eval.workload.conversations import load_workload
     from eagle_eval.workload.data import DataError
     from transformers import AutoTokenizer
@@ -473,7 +464,7 @@ def test_a_prompt_row_value_of_the_wrong_type_is_an_error_naming_the_line_and_ke
     prompts.write_text(json.dumps({"id": "ok", "prompt": "fine"}) + "\n" + json.dumps(row) + "\n")
     tok = AutoTokenizer.from_pretrained(str(BUNDLED_TARGET))
     with pytest.raises(DataError) as caught:
-        load_workload(RunConfig(prompts=str(prompts)), tok)
+        load_workload(Settings.of(prompts=str(prompts)).workload, tok)
     assert str(caught.value).startswith(f"{prompts}:2: ") and said in str(caught.value)
 
 
@@ -681,19 +672,23 @@ def test_a_re_render_keeps_the_load_time_findings_and_their_exit_status(saved, t
     assert (f"exit status {status}: 1 load-time check(s)" in text) == (status != 0)
 
 
-def test_a_run_of_a_head_with_nan_weights_re_renders_as_failed(tmp_path):
+def test_a_run_of_a_head_with_nan_weights_fails_and_its_re_render_too(tmp_path):
     from eagle_eval.results.compare import load_result, render_result
 
     def edit(t):
         t["fc.weight"] = t["fc.weight"].clone()
         t["fc.weight"][0, 0] = float("nan")
 
-    draft = _draft(tmp_path, edit)
-    res = _cli(["run", "--draft", str(draft), "--limit", "1", "--max-new-tokens", "4", "--output-dir",
-                str(tmp_path / "out")])
-    assert res.exit_code in (0, 1), res.output                 # until the CLI gates on load-time errors
+    args = ["run", "--draft", str(_draft(tmp_path, edit)), "--limit", "1", "--max-new-tokens", "4", "--output-dir",
+            str(tmp_path / "out")]
+    stopped = _cli(args)
+    assert stopped.exit_code == 1 and "weights-not-finite" in stopped.stderr, stopped.output
+    res = _cli(args + ["--overwrite", "--allow-load-errors"])
+    assert res.exit_code == 0, res.output
     result = load_result(tmp_path / "out")
-    assert result.status == 1 and "weights-not-finite" in render_result(result)
+    text = render_result(result)
+    assert result.status == 1 and "weights-not-finite" in text
+    assert "exit status 1: 1 load-time check(s) failed: weights-not-finite" in text
 
 
 def test_csv_and_plot_of_results_without_an_acceptance_table(saved, tmp_path):
@@ -812,10 +807,9 @@ def test_median_interval_covers_at_the_stated_level():
 
 def test_timings_repeat_until_narrow_or_the_limit(monkeypatch):
     from eagle_eval import api
-    from eagle_eval.config import RunConfig
     from eagle_eval.speculative.costs import measure_timings, stop_rule
 
-    spec = api.load_oracle(RunConfig(max_new_tokens=4)).speculator
+    spec = api.load_oracle(Settings.of(max_new_tokens=4)).speculator
 
     def steady():                       # a clock where every timed call takes exactly 0.5 ms
         now = [0.0]
@@ -857,10 +851,9 @@ def test_the_ablation_plot_stays_readable_with_20_variants(tmp_path):
 
 def test_the_generation_phase_reports_progress_and_the_tokens_do_not_change():
     from eagle_eval import api
-    from eagle_eval.config import RunConfig
     from eagle_eval.speculative.profile import greedy_continuations
 
-    spec = api.load_oracle(RunConfig(max_new_tokens=4)).speculator
+    spec = api.load_oracle(Settings.of(max_new_tokens=4)).speculator
     prompts = [[1, 5, 9, 12], [3, 4], [7, 8, 9, 10, 11, 12]]
     seen = []
     with_bar = greedy_continuations(spec, prompts, 6, 0, 20, progress=seen.append)   # batches of <= 2 rows
@@ -869,12 +862,12 @@ def test_the_generation_phase_reports_progress_and_the_tokens_do_not_change():
 
 
 def test_diagnose_shows_a_generation_bar(capsys):
-    from eagle_eval.config import RunConfig
-    from eagle_eval.diagnose.run import DiagnoseConfig, diagnose
+    from eagle_eval.diagnose.options import DiagnoseOptions
+    from eagle_eval.diagnose.run import diagnose
 
-    diagnose(RunConfig(limit=2, max_new_tokens=4), DiagnoseConfig(sweep=False, template_check=False), progress=True)
+    diagnose(Settings.of(limit=2, max_new_tokens=4), DiagnoseOptions(sweep=False, template_check=False), progress=True)
     assert "generate" in capsys.readouterr().err
-    diagnose(RunConfig(limit=2, max_new_tokens=4), DiagnoseConfig(sweep=False, template_check=False), progress=False)
+    diagnose(Settings.of(limit=2, max_new_tokens=4), DiagnoseOptions(sweep=False, template_check=False), progress=False)
     assert "generate" not in capsys.readouterr().err
 
 

@@ -4,7 +4,7 @@ Contract: `candidates` lists the layer sets to try (the configured one first, th
 config's ids when --aux-layers overrides them, a training dump's layers, every id +1 and -1 (the ids
 read in the other convention), the embedding output HF[0] in place of the lowest, and the engine
 defaults HF[2], HF[N//2], HF[N-3] and those +-1). `measure` profiles each one on one round of
-prompts with the target already loaded (only `Speculator.aux_hf` changes), all on the same greedy
+prompts with the target already loaded (`oracle.with_` changes only the aux layers), all on the same greedy
 continuations, and returns per prompt both the loop's (emitted, cycles) and the teacher-forced
 acceptance at every position (`decide.position_counts`). The decision (`decide.sequential` over
 the position counts) is made by the caller; `sweep_rows` and `sweep_findings` turn it into the
@@ -14,7 +14,7 @@ aux-layers-consistent (info) or aux-layers-inconclusive (undecided: exit 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from eagle_eval.diagnose import decide
 from eagle_eval.results.findings import Finding, error, info, undecided, warning
@@ -106,19 +106,17 @@ class SweepRow:
                 "status": self.status, "clearly_better": self.status == "better"}
 
 
-def measure(oracle, pcfg, cands: list[Candidate], progress: bool = False) -> list[tuple[list, list]]:
-    """Per candidate: (cycle counts, position counts) per prompt of `pcfg`'s prompts."""
-    from eagle_eval import api
-    from eagle_eval.models.capture import AuxLayers
+def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bool = False) -> list[tuple[list, list]]:
+    """Per candidate: (cycle counts, position counts) per prompt, each candidate profiled through
+    `oracle.with_` (the loaded target and head are shared) on the same prompts and greedy continuations."""
+    from eagle_eval.commands.profile import profile_prompts
+    from eagle_eval.settings import ProfileOptions
 
     out = []
-    n, steps = oracle.speculator.target.num_layers, pcfg.run.num_steps
+    n, steps = oracle.speculator.target.num_layers, oracle.resolved.num_steps
     for cand in cands:
-        aux = AuxLayers(hf=cand.hf, num_layers=n, source=f"diagnose sweep: {cand.label}")
-        swept = replace(oracle, speculator=replace(oracle.speculator, aux_hf=cand.hf),
-                        resolved={**oracle.resolved, "aux_layers": aux.as_dict()})
-        run = replace(pcfg.run, aux_layers=cand.hf, aux_convention="hf")
-        res = api.profile(replace(pcfg, run=run), progress=progress, oracle=swept)
+        swept = oracle.with_(aux_layers=cand.hf, aux_convention="boundary" if n in cand.hf else "hf")
+        res = profile_prompts(swept, prompts, ProfileOptions(max_steps=steps), continuations, progress)
         out.append((prompt_counts([s.accepted_per_cycle for s in res.samples]), sample_positions(res.samples, steps)))
     return out
 

@@ -1,6 +1,6 @@
 """`eagle-eval diagnose`: find train/serve mismatches before anyone benchmarks a server (issue 5).
 
-Contract: `diagnose(run_config, diagnose_config)` loads the target and head once, then
+Contract: `diagnose(settings, options)` loads the target and head once, then
   1. collects the load-time findings (`sanity`, computed by `load_oracle`) and the draft vocab's
      coverage of the target's greedy tokens on the prompts;
   2. with a training dump, says which HF index each dumped block is (`dumps`);
@@ -16,27 +16,12 @@ Returns a `Diagnosis` (report dict + findings); exit status 1 when any finding i
 from __future__ import annotations
 
 import json
-import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_eval.diagnose import decide
+from eagle_eval.diagnose.options import DiagnoseOptions
 from eagle_eval.results.findings import Finding, exit_status, info
-
-
-@dataclass(frozen=True)
-class DiagnoseConfig:
-    train_dump: str | None = None
-    fingerprint: bool = False
-    sweep: bool = True
-    template_check: bool = True
-    prompt_budget: int = 64             # the most questions profiled (looks at 8, 16, 32, ... up to it)
-    output_dir: str | None = None
-
-    def __post_init__(self):
-        from eagle_eval.config import ConfigError
-        if self.prompt_budget < 1:
-            raise ConfigError(f"--prompt-budget must be >= 1, got {self.prompt_budget}")
 
 
 @dataclass
@@ -58,7 +43,7 @@ def _config_hf(oracle) -> list[int] | None:
     """The HF layers the draft config.json itself names (None: no ids in it)."""
     from eagle_eval.models.checks.sanity import config_aux_hf
 
-    return config_aux_hf(json.loads((Path(oracle.resolved["head"]["path"]) / "config.json").read_text()))
+    return config_aux_hf(json.loads((Path(oracle.resolved.head.path) / "config.json").read_text()))
 
 
 def _known_layers(oracle, dump_hf) -> list[tuple[str, tuple]]:
@@ -68,7 +53,7 @@ def _known_layers(oracle, dump_hf) -> list[tuple[str, tuple]]:
         ([("draft config.json ids", tuple(config_hf))] if config_hf is not None else [])
 
 
-def _read_dump(oracle, dcfg: DiagnoseConfig):
+def _read_dump(oracle, dcfg: DiagnoseOptions):
     """The training dump matched to HF indices (None without --train-dump); read first, so bad input fails fast."""
     from eagle_eval.diagnose import dumps
 
@@ -90,35 +75,19 @@ def _dump_section(match, configured, num_aux: int, report: dict, sweep: bool) ->
     return dumps.dump_findings(match, configured, num_aux, sweep), (tuple(sorted(match.hf)) if confident else None)
 
 
-def profile_settings(run, prompts_file: str):
-    """Profile settings of `run` over an input_ids prompts file (no dataset, filter or shuffle left)."""
-    from eagle_eval.config import ProfileConfig
-
-    run = replace(run, prompts=prompts_file, limit=None, dataset=None, dataset_format=None, categories=None,
-                  shuffle_seed=None)
-    return ProfileConfig(run=run, max_steps=run.num_steps)
-
-
 class Rounds:
-    """The workload's prompts and, for each slice profiled so far, their greedy continuations and the
-    profile settings over that slice (input_ids rows + a responses file, so every candidate shares them)."""
+    """The workload's prompts and, for the first prompts profiled so far, their greedy continuations
+    (max_new_tokens + num_steps tokens, not cut at EOS), shared by every candidate of a look."""
 
-    def __init__(self, oracle, run, prompts, tmp: Path, progress: bool = False):
-        self.oracle, self.run, self.prompts, self.tmp, self.progress = oracle, run, prompts, tmp, progress
+    def __init__(self, oracle, prompts, progress: bool = False):
+        self.oracle, self.prompts, self.progress = oracle, prompts, progress
         self.conts: list[list[int]] = []
 
-    def pcfg(self, lo: int, hi: int):
-        from eagle_eval.diagnose.template_check import write_prompts
-
+    def slice(self, lo: int, hi: int) -> tuple[list, list[list[int]]]:
         self.ensure(hi)
-        part, conts = self.prompts[lo:hi], self.conts[lo:hi]
-        responses = self.tmp / f"responses-{lo}.jsonl"
-        responses.write_text("".join(json.dumps({"id": p.id, "output_ids": c}) + "\n" for p, c in zip(part, conts)))
-        return replace(profile_settings(self.run, write_prompts(self.tmp / f"prompts-{lo}.jsonl", part)),
-                       responses=str(responses))
+        return self.prompts[lo:hi], self.conts[lo:hi]
 
     def ensure(self, hi: int) -> None:
-        """Greedy continuations (max_new_tokens + num_steps, not cut at EOS) for the first `hi` prompts."""
         from eagle_eval.speculative.profile import greedy_continuations
 
         if hi <= len(self.conts):
@@ -127,7 +96,8 @@ class Rounds:
 
         tok, oracle = self.oracle.tokenizer, self.oracle
         pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
-        todo, need = [p.input_ids for p in self.prompts[len(self.conts):hi]], self.run.max_new_tokens + self.run.num_steps
+        need = oracle.settings.workload.max_new_tokens + oracle.resolved.num_steps
+        todo = [p.input_ids for p in self.prompts[len(self.conts):hi]]
         with tqdm(total=len(todo) * need, desc="generate", unit="tok", disable=not self.progress) as bar:
             self.conts += greedy_continuations(oracle.speculator, todo, need, pad, 16384, progress=bar.update)
 
@@ -139,7 +109,7 @@ def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.
     cycles: list[list] = [[] for _ in cands]
 
     def measure(lo: int, hi: int) -> list[list]:
-        got = aux_sweep.measure(oracle, rounds.pcfg(lo, hi), cands, progress)
+        got = aux_sweep.measure(oracle, *rounds.slice(lo, hi), cands, progress)
         for c, (cyc, _) in enumerate(got):
             cycles[c] += cyc
         return [pos for _, pos in got]
@@ -148,69 +118,72 @@ def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.
     return aux_sweep.sweep_rows(cands, cycles, seq), seq
 
 
-def _sweep_report(rows, seq: decide.Sequence, run, budget: int) -> dict:
-    return {"num_steps": run.num_steps, "max_new_tokens": run.max_new_tokens, "prompts": seq.prompts,
+def _sweep_report(rows, seq: decide.Sequence, oracle, budget: int) -> dict:
+    return {"num_steps": oracle.resolved.num_steps, "max_new_tokens": oracle.settings.workload.max_new_tokens,
+            "prompts": seq.prompts,
             "prompt_budget": budget, "planned_looks": seq.planned, "looks": seq.looks, "verdict": seq.verdict,
             "decided_on": seq.prompts if seq.verdict != decide.INCONCLUSIVE else None,
             "alpha": decide.ALPHA, "level_per_bound": seq.level, "margin": decide.MARGIN,
             "rule": decide.rule_text(), "rows": [r.as_dict() for r in rows]}
 
 
-def diagnose(run, dcfg: DiagnoseConfig, progress: bool = False, oracle=None) -> Diagnosis:
+def diagnose(settings, dcfg: DiagnoseOptions = DiagnoseOptions(), progress: bool = False, oracle=None) -> Diagnosis:
     """Every check of issue 5 on one loaded target + head (see the module docstring); --output-dir is
-    owned by this run (results/run_folder.py); `oracle`: one already loaded for `run` (tests reuse it)."""
-    from eagle_eval.results.run_folder import open_output
+    owned by this run (results/run_folder.py); `oracle`: one already loaded for `settings` (tests reuse it)."""
+    from eagle_eval.commands.folder import open_folder
 
-    inputs = {**run.input_paths(), "train_dump": dcfg.train_dump}
-    with open_output(dcfg.output_dir, "diagnose", {**run.as_dict(), **dcfg.__dict__}, inputs,
-                     overwrite=run.overwrite) as folder:
-        return _diagnose(run, dcfg, folder, progress, oracle)
+    folder = open_folder("diagnose", settings, dcfg)
+    try:
+        return _diagnose(settings, dcfg, folder, progress, oracle)
+    finally:
+        if folder is not None:
+            folder.close()
 
 
-def _diagnose(run, dcfg: DiagnoseConfig, folder, progress: bool, oracle) -> Diagnosis:
-    from eagle_eval import api
+def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -> Diagnosis:
     from eagle_eval.diagnose import aux_sweep
     from eagle_eval.diagnose.fingerprint import fingerprint
     from eagle_eval.diagnose.template_check import template_check
     from eagle_eval.models.checks import sanity
+    from eagle_eval.oracle import checked_workload, load_oracle
     from eagle_eval.results.report import provenance
 
-    budget = min(run.limit, dcfg.prompt_budget) if run.limit is not None else dcfg.prompt_budget
-    run = replace(run, output_dir=None, resume=False, check_lossless=False, limit=budget)
-    oracle = oracle or api.load_oracle(run)
+    limit = settings.workload.limit
+    budget = min(limit, dcfg.prompt_budget) if limit is not None else dcfg.prompt_budget
+    run = settings.with_(output_dir=None, resume=False, overwrite=False, limit=budget)
+    oracle = load_oracle(run, like=oracle)
     head, num_layers = oracle.speculator.head, oracle.speculator.target.num_layers
     configured = tuple(oracle.speculator.aux_hf)
-    findings = [Finding.from_dict(f) for f in oracle.resolved.get("sanity", [])]
+    findings = list(oracle.resolved.sanity)
     report: dict = {"schema_version": 2, "configured_aux_layers": _layers(configured)}
     match = _read_dump(oracle, dcfg)
-    prompts = api.checked_workload(run, oracle).first_prompts
+    prompts = checked_workload(oracle).first_prompts
     dump_hf, recommended = None, list(configured)
     if match is not None:
         more, dump_hf = _dump_section(match, configured, head.config.num_aux, report, dcfg.sweep)
         findings += more
-    with tempfile.TemporaryDirectory(prefix="eagle-eval-diagnose-") as tmpdir:
-        rounds = Rounds(oracle, run, prompts, Path(tmpdir), progress)
-        cands = aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf))
-        if dcfg.sweep and len(cands) > 1:
-            rows, seq = _sweep(oracle, rounds, cands, progress)
-            report["sweep"] = _sweep_report(rows, seq, run, budget)
-            more, recommended = aux_sweep.sweep_findings(rows, seq, dcfg.prompt_budget)
-            findings += more
-        elif dcfg.sweep:
-            findings.append(info("aux-sweep-not-applicable", "no alternative layer set fits this target"))
-        rounds.ensure(min(decide.FIRST_LOOK, len(prompts)))
-        findings.append(sanity.coverage_finding(head.t2d, [c[:run.max_new_tokens] for c in rounds.conts]))
-        if dcfg.template_check:
-            pcfg = profile_settings(run, "")            # each variant sets its own prompts file
-            report["template_check"], more = template_check(oracle, run, pcfg, Path(tmpdir))
-            findings += more
+    rounds = Rounds(oracle, prompts, progress)
+    cands = aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf))
+    if dcfg.sweep and len(cands) > 1:
+        rows, seq = _sweep(oracle, rounds, cands, progress)
+        report["sweep"] = _sweep_report(rows, seq, oracle, budget)
+        more, recommended = aux_sweep.sweep_findings(rows, seq, dcfg.prompt_budget)
+        findings += more
+    elif dcfg.sweep:
+        findings.append(info("aux-sweep-not-applicable", "no alternative layer set fits this target"))
+    rounds.ensure(min(decide.FIRST_LOOK, len(prompts)))
+    max_new = oracle.settings.workload.max_new_tokens
+    findings.append(sanity.coverage_finding(head.t2d, [c[:max_new] for c in rounds.conts]))
+    if dcfg.template_check:
+        report["template_check"], more = template_check(oracle)
+        findings += more
     if dump_hf is not None:
         recommended = list(dump_hf)             # the dump says what the head was trained on
     if dcfg.fingerprint:
         report["fingerprint"] = fingerprint(oracle, prompts[0])
     report.update({"findings": [f.as_dict() for f in findings], "recommended_aux_layers": _layers(recommended),
-                   "exit_status": exit_status(findings), "config": {**run.as_dict(), **dcfg.__dict__},
-                   "resolved": oracle.resolved, "provenance": provenance(run.seed)})
+                   "exit_status": exit_status(findings), "config": {**run.flat(), **dcfg.as_dict()},
+                   "resolved": oracle.resolved.as_dict(), "provenance": provenance(run.decoding.seed)})
     if folder is not None:
         folder.write_json("diagnosis.json", report)
         folder.finish()

@@ -1,9 +1,10 @@
 """Chat-template check: acceptance with the configured prompt format, the tokenizer's chat template and
 raw prompts (issue 5, item 5), judged three ways like the aux sweep (issue 14).
 
-Contract: `template_check(oracle, run, pcfg, tmp)` renders the same questions with each
-format (`variants`), profiles each one on its own greedy continuations (the prompts differ, so the
-pairing is per prompt, not per position) in the looks `decide.sequential` plans over the questions of `run`, and returns
+Contract: `template_check(oracle)` renders the same questions with each format (`variants`: the oracle
+through `with_`, only the prompt format changed), profiles each one on its own greedy continuations (the
+prompts differ, so the pairing is per prompt, not per position) in the looks `decide.sequential` plans over
+the oracle's questions, and returns
 (rows, findings): chat-template-mismatch (warning: the prompts themselves change, so evidence, not
 proof), chat-template-consistent (info), chat-template-inconclusive (warning, never "ok"), or
 chat-template-not-applicable (info) when the prompts do not depend on the template.
@@ -11,82 +12,74 @@ chat-template-not-applicable (info) when the prompts do not depend on the templa
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
-from pathlib import Path
-
 from eagle_eval.diagnose import decide
 from eagle_eval.results.findings import Finding, info, warning
 
 
-def variants(run) -> list[tuple[str, object]]:
-    """(label, RunConfig) for the configured prompt format, the tokenizer's template and raw prompts."""
-    def label(cfg):
-        if cfg.no_chat_template:
+def variants(oracle) -> list[tuple[str, object]]:
+    """(label, oracle) for the configured prompt format, the tokenizer's template and raw prompts."""
+    def label(w):
+        if w.no_chat_template:
             return "raw prompts (--no-chat-template)"
-        return f"--chat-template {cfg.chat_template}" if cfg.chat_template else "the tokenizer's chat template"
+        return f"--chat-template {w.chat_template}" if w.chat_template else "the tokenizer's chat template"
 
-    options = [run, replace(run, no_chat_template=False, chat_template=None),
-               replace(run, no_chat_template=True, chat_template=None, enable_thinking=None)]
+    options = [oracle, oracle.with_(no_chat_template=False, chat_template=None),
+               oracle.with_(no_chat_template=True, chat_template=None, enable_thinking=None)]
     out, seen = [], set()
     for v in options:
-        if (v.no_chat_template, v.chat_template) not in seen:
-            seen.add((v.no_chat_template, v.chat_template))
-            out.append((label(v) + (" (configured)" if v is run else ""), v))
+        w = v.settings.workload
+        if (w.no_chat_template, w.chat_template) not in seen:
+            seen.add((w.no_chat_template, w.chat_template))
+            out.append((label(w) + (" (configured)" if v is oracle else ""), v))
     return out
 
 
-def write_prompts(path: Path, prompts) -> str:
-    path.write_text("".join(json.dumps({"id": p.id, "category": p.category, "input_ids": p.input_ids}) + "\n"
-                            for p in prompts))
-    return str(path)
-
-
-def _render(oracle, run) -> list[tuple[str, list | None, str | None]]:
-    from eagle_eval.config import ConfigError
+def _render(oracle) -> list[tuple[str, object, list | None, str | None]]:
+    from eagle_eval.settings import ConfigError
     from eagle_eval.workload.conversations import load_workload
     from eagle_eval.workload.data import DataError
 
     out = []
-    for label, cfg in variants(run):
+    for label, variant in variants(oracle):
         try:
-            out.append((label, load_workload(cfg, oracle.tokenizer).first_prompts, None))
+            out.append((label, variant, load_workload(variant.settings.workload, oracle.tokenizer).first_prompts,
+                        None))
         except (DataError, ConfigError) as exc:        # e.g. messages rows and no template at all
-            out.append((label, None, f"{type(exc).__name__}: {exc}"))
+            out.append((label, variant, None, f"{type(exc).__name__}: {exc}"))
     return out
 
 
-def template_check(oracle, run, pcfg, tmp: Path) -> tuple[list[dict], list[Finding]]:
-    """Rows (rows[0] = the configured format) and one finding; `pcfg` gives the profile settings."""
-    from eagle_eval import api
+def template_check(oracle) -> tuple[list[dict], list[Finding]]:
+    """Rows (rows[0] = the configured format) and one finding."""
+    from eagle_eval.commands.profile import profile_prompts
     from eagle_eval.diagnose.aux_sweep import prompt_counts, sample_positions
+    from eagle_eval.settings import ProfileOptions
 
-    rendered = _render(oracle, run)
-    base_ids = [p.input_ids for p in rendered[0][1]]
-    if all(r[1] is None or [p.input_ids for p in r[1]] == base_ids for r in rendered):
+    rendered = _render(oracle)
+    base_ids = [p.input_ids for p in rendered[0][2]]
+    if all(r[2] is None or [p.input_ids for p in r[2]] == base_ids for r in rendered):
         return [], [info("chat-template-not-applicable", "the prompts do not depend on the chat template "
                                                          "(pre-tokenized or plain-text rows): check skipped")]
-    valid = [(label, prompts) for label, prompts, err in rendered if prompts is not None]
+    valid = [(label, variant, prompts) for label, variant, prompts, err in rendered if prompts is not None]
     if len(valid) < 2:
-        return ([{"variant": label, "error": err} for label, prompts, err in rendered if prompts is None],
+        return ([{"variant": label, "error": err} for label, _, prompts, err in rendered if prompts is None],
                 [info("chat-template-not-applicable", "no other prompt format renders these questions: check skipped")])
     cycles: list[list] = [[] for _ in valid]
+    steps = oracle.resolved.num_steps
 
     def measure(lo: int, hi: int) -> list[list]:
         out = []
-        for i, (_, prompts) in enumerate(valid):
-            file = write_prompts(tmp / f"template{i}-{lo}.jsonl", prompts[lo:hi])
-            res = api.profile(replace(pcfg, run=replace(pcfg.run, prompts=file, limit=None)), progress=False,
-                              oracle=oracle)
+        for i, (_, variant, prompts) in enumerate(valid):
+            res = profile_prompts(variant, prompts[lo:hi], ProfileOptions(max_steps=steps))
             cycles[i] += prompt_counts([s.accepted_per_cycle for s in res.samples])
-            out.append(sample_positions(res.samples, pcfg.run.num_steps))
+            out.append(sample_positions(res.samples, steps))
         return out
 
-    n = min(len(p) for _, p in valid)
+    n = min(len(p) for _, _, p in valid)
     seq = decide.sequential(decide.looks(decide.FIRST_LOOK, n), measure, len(valid))
     rows = [_row(label, cycles[i], seq.counts[i], None if i == 0 else seq.bounds[i - 1], prompts)
-            for i, (label, prompts) in enumerate(valid)]
-    rows += [{"variant": label, "error": err} for label, prompts, err in rendered if prompts is None]
+            for i, (label, _, prompts) in enumerate(valid)]
+    rows += [{"variant": label, "error": err} for label, _, prompts, err in rendered if prompts is None]
     return rows, [_finding(rows, seq)]
 
 

@@ -217,8 +217,12 @@ class EngineTaps:
     hf: tuple[int, ...] | None   # HF indices the engine feeds the head, ascending; None: it cannot serve these ids
     reads: str                   # which key (or the default) and how it is read
 
+    @property
+    def name(self) -> str:
+        return ENGINE_NAMES[self.engine]
+
     def as_dict(self) -> dict:
-        return {"engine": self.engine, "name": ENGINE_NAMES[self.engine],
+        return {"engine": self.engine, "name": self.name,
                 "hf": list(self.hf) if self.hf is not None else None, "reads": self.reads}
 
 

@@ -20,21 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def greedy_accept(drafts: list[int], target_argmax: list[int]) -> int:
-    """Accepted drafts of one chain cycle: d_i is accepted while d_i == target argmax at node i-1.
-
-    drafts [S], target_argmax [S+1] (argmax after root, d_1, ..., d_S).
-    >>> greedy_accept([5, 7, 9], [5, 7, 1, 4])
-    2
-    """
-    n = 0
-    for d, g in zip(drafts, target_argmax):
-        if d != g:
-            break
-        n += 1
-    return n
-
-
 @dataclass(frozen=True)
 class AcceptanceCounts:
     num_steps: int

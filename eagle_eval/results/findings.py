@@ -3,20 +3,14 @@
 Contract: a finding is (severity, code, message[, detail]); `severity` is `info`, `warning`,
 `undecided` (a check that could not tell: never reported as fine) or `error`; `code` is a stable
 kebab-case identifier tests and scripts can match; `message` is one line that says what was
-measured and why it matters.
-
-Deciding from findings: `decide(findings)` gives the exit status of the table in errors.py (an error
--> 1, else an undecided -> 3, else 0) and the codes behind it; `gate(findings, allow)` is the load-time
-rule: an error-level load-time finding (a head or target that cannot give a meaningful number: NaN
-weights, an untrained lm_head, a broken vocab map) stops a run with `LoadChecksFailed` (exit 1) unless
-the caller allows it. `exit_status` is diagnose's older rule (undecided -> 1 as well).
+measured and why it matters. `exit_status` is 1 when any finding is an error (every mismatch is
+reported as an error), else 3 when one is undecided, else 0 (errors.ExitCode); `decide` adds the
+codes behind it (what `eagle-eval report` says when a re-render fails).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from eagle_eval.errors import EXIT_FAILED, EXIT_OK, EXIT_UNDECIDED
 
 SEVERITIES = ("info", "warning", "undecided", "error")
 
@@ -78,18 +72,22 @@ def by_severity(findings: list[Finding]) -> list[Finding]:
 
 
 def exit_status(findings: list[Finding]) -> int:
-    """1 when any finding is an error or undecided, else 0.
+    """1 (a check failed) when any finding is an error, else 3 (undecided) when one is undecided, else 0.
 
-    >>> exit_status([info("a", ""), warning("b", "")]), exit_status([error("c", "")]), exit_status([undecided("d", "")])
-    (0, 1, 1)
+    >>> exit_status([info("a", ""), warning("b", "")]), exit_status([error("c", ""), undecided("d", "")])
+    (0, 1)
+    >>> exit_status([undecided("d", "")])
+    3
     """
-    return 1 if any(f.severity in ("error", "undecided") for f in findings) else 0
+    if any(f.severity == "error" for f in findings):
+        return 1
+    return 3 if any(f.severity == "undecided" for f in findings) else 0
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The exit status a list of findings implies, and the codes that set it."""
-    status: int                       # EXIT_OK, EXIT_FAILED or EXIT_UNDECIDED (errors.py)
+    """The exit status a list of findings implies (`exit_status`) and the codes that set it."""
+    status: int                       # errors.ExitCode: OK, FAILED or UNDECIDED
     failing: tuple[str, ...] = ()     # codes of the error-level findings
     undecided: tuple[str, ...] = ()   # codes of the undecided ones
 
@@ -102,46 +100,16 @@ class Decision:
         return ""
 
 
-def _as_finding(f) -> Finding:
-    return f if isinstance(f, Finding) else Finding.from_dict(f)
-
-
 def decide(findings) -> Decision:
-    """Findings (or their dicts) -> the exit status: any error 1, else any undecided 3, else 0.
+    """Findings (or their dicts, as a report stores them) -> `exit_status` and the codes behind it.
 
     >>> decide([info("a", ""), warning("b", "")]).status, decide([undecided("c", ""), error("d", "")])
     (0, Decision(status=1, failing=('d',), undecided=('c',)))
-    >>> decide([undecided("c", "")]).status
-    3
     """
-    found = [_as_finding(f) for f in findings]
+    found = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in findings]
     failing = tuple(dict.fromkeys(f.code for f in found if f.severity == "error"))
     open_ = tuple(dict.fromkeys(f.code for f in found if f.severity == "undecided"))
-    status = EXIT_FAILED if failing else EXIT_UNDECIDED if open_ else EXIT_OK
-    return Decision(status, failing, open_)
-
-
-class LoadChecksFailed(Exception):
-    """A load-time finding says the head or target cannot give a meaningful number (exit status 1, not
-    bad input): the run stops before decoding unless the caller allows it (the CLI's --allow-load-errors)."""
-
-    status = EXIT_FAILED
-
-    def __init__(self, decision: Decision, findings: list[Finding]):
-        self.decision, self.findings = decision, findings
-        problems = [f for f in by_severity(findings) if f.severity == "error"]
-        super().__init__(f"{decision.message('load-time check')}; first: {problems[0].message}"
-                         if problems else decision.message("load-time check"))
-
-
-def gate(findings, allow: bool = False) -> Decision:
-    """The load-time rule: raise LoadChecksFailed when any finding is an error, unless `allow`; returns
-    the decision either way (its status is what the run's exit status must include)."""
-    found = [_as_finding(f) for f in findings]
-    decision = decide(found)
-    if decision.failing and not allow:
-        raise LoadChecksFailed(decision, found)
-    return decision
+    return Decision(exit_status(found), failing, open_)
 
 
 def render_findings(findings: list[Finding], only_problems: bool = False) -> str:

@@ -126,20 +126,22 @@ def training_prediction(train_acc: dict, body: dict, num_steps: int) -> dict:
                           "are this run's (measured tau over the same positions = 1 + sum_{i<=k} measured u_i)"}
 
 
-def build_report(config, resolved: dict, samples: list[SampleRecord], warnings: list[str],
-                 sample_prompt=None) -> dict:
-    body = summarize(samples, resolved["num_steps"])
-    if resolved.get("train_acc") and resolved.get("topk", 1) == 1:
-        body["training_prediction"] = training_prediction(resolved["train_acc"], body, resolved["num_steps"])
+def build_report(config: dict, resolved, workload: dict, samples: list[SampleRecord], warnings: list[str],
+                 seed: int, sample_prompt=None) -> dict:
+    """report.json of a run: config = the flat settings, what the oracle resolved (`resolved.as_dict()`) and
+    what the workload resolved; the figures from the samples' counts."""
+    body = summarize(samples, resolved.num_steps)
+    if resolved.train_acc and resolved.topk == 1:
+        body["training_prediction"] = training_prediction(resolved.train_acc, body, resolved.num_steps)
     return {
         "schema_version": SCHEMA_VERSION,
-        "config": {**config.as_dict(), **resolved},
+        "config": {**config, **resolved.as_dict(), **workload},
         **body,
-        **group_summaries(samples, resolved["num_steps"]),
+        **group_summaries(samples, resolved.num_steps),
         "definitions": DEFINITIONS,
         "warnings": list(warnings),
         "sample_prompt": sample_prompt.text if sample_prompt is not None else None,
-        "provenance": provenance(config.seed),
+        "provenance": provenance(seed),
     }
 
 

@@ -468,30 +468,3 @@ def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[s
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
         raise
-
-
-class _NoFolder:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def open_output(output_dir: str | None, command: str, settings: dict, inputs: dict, overwrite: bool = False,
-                full_fingerprint: bool = False):
-    """`with open_output(...) as folder:` the RunFolder for --output-dir, or None without one."""
-    if not output_dir:
-        return _NoFolder()
-    return open_run_folder(output_dir, command, settings, inputs, overwrite=overwrite,
-                           full_fingerprint=full_fingerprint)
-
-
-def open_run_output(command: str, config, settings: dict, inputs: dict, resume: bool = False):
-    """The output folder of `command` run with a RunConfig (its output_dir, overwrite, RESUMABLE, and
-    full_fingerprint once the config has that field), or None."""
-    if not config.output_dir:
-        return None
-    return open_run_folder(config.output_dir, command, settings, inputs, resume=resume,
-                           overwrite=config.overwrite, ignore=type(config).RESUMABLE,
-                           full_fingerprint=bool(getattr(config, "full_fingerprint", False)))

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_eval.errors import EXIT_FAILED, EXIT_OK, EXIT_UNDECIDED, UserError
+from eagle_eval.errors import ExitCode, UserError
 from eagle_eval.results.acceptance import AcceptanceCounts
 from eagle_eval.results.findings import SEVERITIES, Finding, decide, exit_status
 
@@ -35,8 +35,8 @@ FILES = {"run": "report.json", "profile": "profile.json", "ablation": "ablation.
 SCHEMAS = {"run": 1, "profile": 1, "ablation": 1, "diagnosis": 2, "server_check": 1}
 COMMANDS = {"run": "run", "profile": "profile", "ablation": "ablate", "diagnosis": "diagnose",
             "server_check": "server-check"}
-VERDICT_STATUS = {"agree": EXIT_OK, "disagree": EXIT_FAILED, "incomplete": EXIT_UNDECIDED,
-                  "undecided": EXIT_UNDECIDED}      # servers/check.py EXIT_STATUS
+VERDICT_STATUS = {"agree": ExitCode.OK, "disagree": ExitCode.FAILED, "incomplete": ExitCode.UNDECIDED,
+                  "undecided": ExitCode.UNDECIDED}      # servers/check.py EXIT_STATUS
 
 
 class ResultFileError(UserError, ValueError):
@@ -50,7 +50,7 @@ class Result:
     report: dict
     kind: str = "run"                                  # a key of FILES
     findings: list = field(default_factory=list)       # Finding: load-time checks, a diagnosis' findings
-    status: int = EXIT_OK                              # the exit status a re-render implies (errors.py)
+    status: int = ExitCode.OK                          # the exit status a re-render implies (errors.py)
 
 
 def worst(*statuses: int) -> int:
@@ -59,7 +59,9 @@ def worst(*statuses: int) -> int:
     >>> worst(0, 3, 0), worst(3, 1), worst()
     (3, 1, 0)
     """
-    return EXIT_FAILED if EXIT_FAILED in statuses else EXIT_UNDECIDED if EXIT_UNDECIDED in statuses else EXIT_OK
+    if ExitCode.FAILED in statuses:
+        return ExitCode.FAILED
+    return ExitCode.UNDECIDED if ExitCode.UNDECIDED in statuses else ExitCode.OK
 
 
 def _results_file(path: Path) -> Path:
@@ -238,7 +240,7 @@ def _status(report: dict, kind: str, findings: list[Finding], path) -> int:
                                   "not agree")
         return worst(status, VERDICT_STATUS[verdict])
     if kind == "run" and report["summary"].get("lossless") is False:
-        return worst(status, EXIT_FAILED)                     # a lossless check that found a divergence
+        return worst(status, ExitCode.FAILED)                 # a lossless check that found a divergence
     return status
 
 

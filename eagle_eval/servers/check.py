@@ -1,6 +1,6 @@
 """server-check: a running SGLang or vLLM server against the oracle, prompt by prompt.
 
-Contract: `run_server_check(run_config, check_config)` decodes every prompt with the oracle, sends the
+Contract: `run_server_check(settings, options)` decodes every prompt with the oracle, sends the
 same token ids to the server at temperature 0 (one request at a time), and returns a report shaped
 like `run`'s (config, summary, per_position, histogram, provenance) plus the server's settings,
 per-request rows, divergences, the acceptance comparison, the hypothesis ranking when acceptance
@@ -18,61 +18,20 @@ interval of per-request differences), see `judge`:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from eagle_eval.config import ConfigError, RunConfig
 from eagle_eval.servers.compare import (
-    FIGURES,
     aggregate,
     compare_request,
-    compare_sglang_log,
-    compare_sglang_settings,
-    compare_vllm_settings,
-    parse_sglang_log,
     server_distribution,
 )
-from eagle_eval.servers.judge import MODES, judge_requests
-from eagle_eval.servers.vllm import METRICS_SOURCES
+from eagle_eval.servers.engines import ENGINES, engine
+from eagle_eval.servers.judge import judge_requests
+from eagle_eval.servers.options import ServerCheckOptions
+from eagle_eval.settings import Settings
 
 EXIT_STATUS = {"agree": 0, "disagree": 1, "incomplete": 3, "undecided": 3}
-
-
-@dataclass(frozen=True)
-class ServerCheckConfig:
-    backend: str
-    url: str | None = None                   # None: only --sglang-log is compared
-    mode: str = "exact"                      # exact | tolerance (see servers/judge.py)
-    tolerance: float = 0.05                  # relative: the per-request interval (tolerance mode), the log
-    tie_margin: float = 0.1                  # a divergence with a smaller target logit margin is numerics
-    timeout: float = 300.0                   # seconds per HTTP request
-    retries: int = 2                         # connection errors and 502/503/504 only
-    served_model_name: str | None = None     # vLLM `model` field; None = the first of /v1/models
-    metrics_settle: float = 0.2              # vLLM: seconds between /metrics reads until they agree
-    vllm_metrics: str = "auto"               # vLLM: auto | per-request | counters (servers/vllm.py)
-    sglang_log: str | None = None
-    hypotheses: bool = True                  # rank wiring faults when acceptance disagrees
-    output_dir: str | None = None            # writes server_check.json
-
-    def __post_init__(self):
-        if self.backend not in ("sglang", "vllm"):
-            raise ConfigError(f"--backend must be sglang or vllm, got {self.backend!r}")
-        if self.url is None and self.sglang_log is None:
-            raise ConfigError("--url is required (or --sglang-log alone, to compare a log with the oracle)")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"--url must start with http:// or https://, got {self.url!r}")
-        if self.sglang_log is not None and self.backend != "sglang":
-            raise ConfigError("--sglang-log needs --backend sglang")
-        if self.vllm_metrics not in METRICS_SOURCES:
-            raise ConfigError(f"--vllm-metrics must be one of {', '.join(METRICS_SOURCES)}, got {self.vllm_metrics!r}")
-        if self.vllm_metrics != "auto" and self.backend != "vllm":
-            raise ConfigError("--vllm-metrics needs --backend vllm")
-        if self.mode not in MODES:
-            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.tolerance < 0 or self.tie_margin < 0:
-            raise ConfigError("--tolerance and --tie-margin must be >= 0")
-        if self.timeout <= 0 or self.retries < 0 or self.metrics_settle < 0:
-            raise ConfigError("--timeout must be > 0, --retries and --metrics-settle >= 0")
 
 
 @dataclass
@@ -121,29 +80,21 @@ def _verdict(judged: dict | None, settings_rows, log) -> tuple[str, list[str]]:
     return "agree", []
 
 
-def _settings_rows(settings: dict | None, backend: str, resolved: dict, draft_path: str) -> list[dict]:
-    if settings is None:
-        return []
-    if backend == "sglang":
-        return compare_sglang_settings(settings, resolved, draft_path)
-    return compare_vllm_settings(settings, resolved)
-
-
-def _decode_and_ask(oracle, workload, client, config: RunConfig, check: ServerCheckConfig, progress: bool):
+def _decode_and_ask(oracle, workload, client, check: ServerCheckOptions, progress: bool):
     """(prompts, oracle samples, per-request rows): each prompt decoded by the oracle, then sent."""
     from tqdm import tqdm
 
     from eagle_eval.workload.conversations import run_turns
 
     prompts, rows = [], []
-    num_steps = oracle.resolved["num_steps"]
+    num_steps, max_new = oracle.resolved.num_steps, oracle.settings.workload.max_new_tokens
 
     def decode(prompt):
         # turn t > 1 is built from the ORACLE's earlier answers; the server gets the same token ids
         rec = oracle.decode(prompt, check_lossless=False)
         prompts.append(prompt)
         if client is not None:
-            reply = client.generate(prompt.input_ids, config.max_new_tokens)
+            reply = client.generate(prompt.input_ids, max_new)
             div = divergence_from_oracle(oracle, prompt, reply.output_ids, rec.output_ids)
             rows.append(compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin))
         return rec
@@ -153,14 +104,14 @@ def _decode_and_ask(oracle, workload, client, config: RunConfig, check: ServerCh
     return prompts, samples, rows
 
 
-def _log_comparison(path: Path, start: int, samples, resolved: dict, tolerance: float) -> dict:
+def _log_comparison(backend: str, path: Path, start: int, samples, resolved, tolerance: float) -> dict:
     from eagle_eval.results.report import summarize
 
     with open(path, "rb") as f:
         f.seek(start)
         text = f.read().decode(errors="replace")
-    tau = summarize(samples, resolved["num_steps"])["summary"]["accept_length"]
-    log = compare_sglang_log(parse_sglang_log(text), tau, resolved["num_draft_tokens"], tolerance)
+    tau = summarize(samples, resolved.num_steps)["summary"]["accept_length"]
+    log = engine(backend).compare_log(text, tau, resolved.num_draft_tokens, tolerance)
     log.update(file=str(path), read_from_byte=start)
     return log
 
@@ -180,68 +131,72 @@ def _any_disagreement(rows: list[dict], mode: str) -> bool:
                                     else (r.get("figure_difference") or 0) != 0) for r in rows)
 
 
-def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
+def run_server_check(settings: Settings, check: ServerCheckOptions, oracle=None,
                      progress: bool = False) -> ServerCheckResult:
-    """The check below, with --output-dir owned by this run (results/run_folder.py)."""
-    from eagle_eval.results.run_folder import open_output
+    """The check below, with --output-dir owned by this run (results/run_folder.py).
 
-    with open_output(check.output_dir, "server-check", {**config.as_dict(), **asdict(check)},
-                     config.input_paths(), overwrite=config.overwrite) as folder:
-        return _run_server_check(config, check, oracle, progress, folder)
-
-
-def _run_server_check(config: RunConfig, check: ServerCheckConfig, oracle, progress: bool,
-                      folder) -> ServerCheckResult:
-    """Compare the server at check.url (and/or check.sglang_log) with the oracle for config's prompts.
-
-    `oracle`: an already loaded `api.Oracle` for `config` (saves reloading the target in test suites).
+    `oracle`: an already loaded `Oracle` for `settings` (saves reloading the target in test suites).
     """
+    from eagle_eval.commands.folder import open_folder
+
+    folder = open_folder("server-check", settings, check)
+    try:
+        return _run_server_check(settings, check, oracle, progress, folder)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, progress: bool,
+                      folder) -> ServerCheckResult:
+    """Compare the server at check.url (and/or check.sglang_log) with the oracle for the settings' prompts."""
     import torch
 
-    from eagle_eval.api import checked_workload, load_oracle
+    from eagle_eval.oracle import checked_workload, load_oracle
     from eagle_eval.results.report import DEFINITIONS, build_report
-    from eagle_eval.servers.clients import make_client
     from eagle_eval.servers.hypotheses import match_hypotheses
+    from eagle_eval.servers.http import Http
 
-    torch.manual_seed(config.seed)
+    torch.manual_seed(settings.decoding.seed)
     log_path = Path(check.sglang_log) if check.sglang_log else None
     if log_path is not None and not log_path.is_file():
         raise FileNotFoundError(f"--sglang-log {log_path}: no such file")
     # with --url, only the lines the server appends while this check runs describe its workload
     log_start = log_path.stat().st_size if log_path is not None and check.url else 0
-    backend = check.backend
-    client = (make_client(backend, check.url, check.timeout, check.retries, check.served_model_name,
-                          check.metrics_settle, check.vllm_metrics) if check.url else None)
+    backend, eng = check.backend, engine(check.backend)
+    client = eng.make_client(Http(check.url, check.timeout, check.retries), check) if check.url else None
     # before loading the target: a wrong --url fails in seconds
-    settings, note = client.settings() if client is not None else (None, None)
-    oracle = oracle or load_oracle(config)
-    workload = checked_workload(config, oracle)      # the same prompts and turns as `run`
+    server_settings, note = client.settings() if client is not None else (None, None)
+    oracle = load_oracle(settings, like=oracle)
+    workload = checked_workload(oracle)      # the same prompts and turns as `run`
     resolved = oracle.resolved
-    prompts, samples, rows = _decode_and_ask(oracle, workload, client, config, check, progress)
+    prompts, samples, rows = _decode_and_ask(oracle, workload, client, check, progress)
     acceptance = aggregate(backend, rows, check.tolerance) if client is not None else None
     judged = judge_requests(rows, check.mode, check.tolerance) if client is not None else None
     hypotheses = None
     if judged is not None and check.hypotheses and _any_disagreement(rows, check.mode):
-        server_steps = (settings or {}).get("speculative_num_steps" if backend == "sglang"
-                                            else "num_speculative_tokens")
+        server_steps = (server_settings or {}).get(eng.num_steps_setting)
         hypotheses = match_hypotheses(oracle, prompts, rows, backend, server_steps, check.mode, check.tolerance)
-    log = _log_comparison(log_path, log_start, samples, resolved, check.tolerance) if log_path else None
-    settings_rows = _settings_rows(settings, backend, resolved, config.draft)
+    log = _log_comparison(backend, log_path, log_start, samples, resolved, check.tolerance) if log_path else None
+    settings_rows = (eng.compare_settings(server_settings, resolved, settings.model.draft)
+                     if server_settings is not None else [])
     verdict, reasons = _verdict(judged, settings_rows, log)
     divergences = [{"id": r["id"], "kind": r["tokens"], **r["divergence"]} for r in rows if r["divergence"]]
     warnings = _warnings(oracle, workload, [note] if note else [], rows, divergences, check.tie_margin)
-    report = build_report(config, {**resolved, **workload.resolved}, samples, warnings,
-                          sample_prompt=workload.sample_prompt)
+    report = build_report({**settings.flat(), **check.as_dict()}, resolved, workload.resolved, samples, warnings,
+                          settings.decoding.seed, sample_prompt=workload.sample_prompt)
     counts = {k: sum(1 for r in rows if r["tokens"] == k) for k in ("equal", "near_tie", "mismatch", "unknown")}
     report.update({
         "kind": "server_check",
-        "definitions": {**DEFINITIONS, **{f"server_{b}": f"{n}: {d}" for b, (n, d) in FIGURES.items()}},
-        "server_check": asdict(check),
-        "server": {"backend": backend, "url": check.url, "settings": settings, "settings_check": settings_rows},
+        "definitions": {**DEFINITIONS, **{f"server_{e.name}": f"{e.figure}: {e.figure_definition}"
+                                          for e in ENGINES.values()}},
+        "server_check": check.as_dict(),
+        "server": {"backend": backend, "url": check.url, "settings": server_settings,
+                   "settings_check": settings_rows},
         "tokens": {"requests": len(rows), **counts, "tie_margin": check.tie_margin},
         "judgement": judged,
         "acceptance": acceptance,
-        "distribution": server_distribution(backend, rows, resolved["num_steps"]) if rows else None,
+        "distribution": server_distribution(backend, rows, resolved.num_steps) if rows else None,
         "divergences": divergences, "requests": rows, "hypotheses": hypotheses, "sglang_log": log,
         "verdict": verdict, "reasons": reasons, "exit_status": EXIT_STATUS[verdict],
     })

@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 
 from eagle_eval.errors import UserError
 
-BACKENDS = ("sglang", "vllm")
-
-
 class ServerError(UserError, RuntimeError):
     """The server could not be reached or answered something unusable; the message is one line."""
 

@@ -3,10 +3,10 @@
 Contract: `candidate_hypotheses` lists the usual faults (EAGLE3.md sections 1-3) as changes to the
 oracle's resolved wiring, pure and testable without a model, starting with what each engine of the
 server's kind taps for this head's config (`capture.engine_taps`, e.g. vLLM's V1 runner reading the
-nested SGLang-style ids unchanged); `oracle_variant` applies one to a loaded oracle (sharing the
-target and head: only the aux taps, positions, embedding table or num_steps change, exactly what a
-changed RunConfig would resolve to); `match_hypotheses` decodes the compared prompts under every
-candidate and compares each with the server request by request.
+nested SGLang-style ids unchanged); `oracle_variant` applies one to a loaded oracle through
+`oracle.with_` (the target and head are shared: only the aux taps, positions, embedding table or
+num_steps change); `match_hypotheses` decodes the compared prompts under every candidate and compares
+each with the server request by request.
 
 A hypothesis is called THE explanation only when it reproduces the server: in exact mode, the same
 counts on most (more than half) of the compared requests; in tolerance mode, a 95% interval of the
@@ -16,7 +16,7 @@ the server, and the report lists the nearest.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from eagle_eval.models.capture import default_hf_layers
 from eagle_eval.results.acceptance import AcceptanceCounts
@@ -79,60 +79,36 @@ def candidate_hypotheses(aux_hf, num_layers: int, position_offset: int = 0, embe
     return out
 
 
-def _embed_fn(oracle, which: str):
-    target, head = oracle.speculator.target, oracle.speculator.head
-    table = target.input_embeddings if which == "target" else head.embed_tokens
-    device, dtype = head.lm_head.weight.device, head.lm_head.weight.dtype
-
-    def embed(ids):
-        return table(ids.to(table.weight.device)).to(device, dtype)
-    return embed
-
-
 def oracle_variant(oracle, h: Hypothesis):
-    """A copy of `oracle` wired as `h` says (the loaded target and head are shared, not reloaded)."""
-    spec_changes, resolved = {}, dict(oracle.resolved)
+    """`oracle` wired as `h` says, through `oracle.with_` (the loaded target and head are shared, not reloaded)."""
+    changes = {}
     if h.aux_hf is not None:
-        spec_changes["aux_hf"] = tuple(h.aux_hf)
-        resolved["aux_layers"] = {"hf": list(h.aux_hf), "sglang": [i - 1 for i in h.aux_hf],
-                                  "vllm": list(h.aux_hf), "source": f"hypothesis {h.name}"}
+        top = oracle.speculator.target.num_layers
+        changes.update(aux_layers=tuple(h.aux_hf), aux_convention="boundary" if top in h.aux_hf else "hf")
     if h.position_offset is not None:
-        spec_changes["position_offset"] = resolved["position_offset"] = h.position_offset
+        changes["position_offset"] = h.position_offset
     if h.embedding is not None:
-        spec_changes["embed"] = _embed_fn(oracle, h.embedding)
-        resolved["embedding"] = f"{'draft' if h.embedding == 'own' else 'target'} (hypothesis {h.name})"
-    config = oracle.config
+        changes["draft_embedding"] = h.embedding
     if h.num_steps is not None:
-        config = replace(config, num_steps=h.num_steps)
-        resolved["num_steps"] = h.num_steps
-    return replace(oracle, config=config, speculator=replace(oracle.speculator, **spec_changes), resolved=resolved)
+        changes["num_steps"] = h.num_steps
+    return oracle.with_(**changes)
 
 
-ENGINE_HYPOTHESES = {
-    "sglang": {"sglang": "sglang_reads_config", "sglang_before_25454": "sglang_before_25454_reads_config"},
-    "vllm": {"vllm_v1": "vllm_v1_reads_config", "vllm_v2": "vllm_v2_reads_config"},
-}
-
-
-def engine_reads(resolved: dict, backend: str) -> list[tuple]:
+def engine_reads(resolved, backend: str) -> list[tuple]:
     """(name, description, HF) for what each engine of `backend` taps for the head's config."""
-    engines = resolved["aux_layers"].get("engines") or {}
-    out = [(name, f"{engines[e]['name']} reading this head's config: {engines[e]['reads']}",
-            engines[e]["hf"]) for e, name in ENGINE_HYPOTHESES.get(backend, {}).items() if e in engines]
-    if backend == "vllm":       # the server may have been given a config with only the nested key
-        hf = resolved["aux_layers"]["hf"]
-        out.append(("vllm_v1_reads_nested_ids", f"vLLM's V1 runner reading SGLang-style nested ids "
-                    f"{[i - 1 for i in hf]} unchanged as vLLM-style (input-of-layer) ids, one layer low (a served "
-                    "config with only eagle_config.eagle_aux_hidden_state_layer_ids)", [i - 1 for i in hf]))
-    return out
+    from eagle_eval.servers.engines import engine
+
+    e = engine(backend)
+    out = [(name, f"{resolved.engines[key].name} reading this head's config: {resolved.engines[key].reads}",
+            resolved.engines[key].hf) for key, name in e.taps.items() if key in resolved.engines]
+    return out + (e.extra_taps(resolved) if e.extra_taps else [])
 
 
 def hypotheses_for(oracle, server_num_steps: int | None = None, backend: str | None = None) -> list[Hypothesis]:
     r = oracle.resolved
     return candidate_hypotheses(
-        r["aux_layers"]["hf"], oracle.speculator.target.num_layers, r["position_offset"],
-        "target" if r["embedding"].startswith("target") else "own",
-        oracle.speculator.head.embed_tokens is not None, server_num_steps, r["num_steps"],
+        r.aux.hf, oracle.speculator.target.num_layers, r.position_offset, r.embedding_table,
+        oracle.speculator.head.embed_tokens is not None, server_num_steps, r.num_steps,
         engine_reads(r, backend) if backend else ())
 
 
@@ -150,7 +126,7 @@ def _score(variant, prompts: list, rows: dict, backend: str, num_steps: int, tol
         num, den = num + c[0], den + c[1]
         diffs.append(abs(per_request[p.id] - server["figure"]))
         rel.append((server["figure"] - per_request[p.id]) / per_request[p.id])
-        counts = AcceptanceCounts.from_accepted(rec.accepted_per_cycle, max(num_steps, variant.config.num_steps))
+        counts = AcceptanceCounts.from_accepted(rec.accepted_per_cycle, max(num_steps, variant.resolved.num_steps))
         mine = {"verify_count": rec.verify_count, "accepted_drafts": counts.accepted_drafts,
                 "histogram": counts.histogram, "accepted_per_position": counts.accepted,
                 "accepted_per_cycle": rec.accepted_per_cycle}
@@ -172,7 +148,7 @@ def match_hypotheses(oracle, prompts: list, rows: list[dict], backend: str, serv
     """
     by_id = {r["id"]: r for r in rows if r["comparable"]}
     chosen = [p for p in prompts if p.id in by_id]
-    num_steps = oracle.resolved["num_steps"]
+    num_steps = oracle.resolved.num_steps
     table = [{**asdict(h), "aux_hf": list(h.aux_hf) if h.aux_hf else None,
               **_score(oracle_variant(oracle, h), chosen, by_id, backend, num_steps, tolerance)}
              for h in hypotheses_for(oracle, server_num_steps, backend)]

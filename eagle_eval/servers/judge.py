@@ -210,3 +210,9 @@ def describe_counts(row: dict) -> str:
 
 def _step(accepted: int | None) -> str:
     return "no such step" if accepted is None else str(accepted)
+
+
+def relative_difference(server: float | None, oracle: float | None) -> float | None:
+    if server is None or oracle is None or oracle == 0:
+        return None
+    return abs(server - oracle) / abs(oracle)

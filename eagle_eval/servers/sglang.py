@@ -21,6 +21,11 @@ SGLang (sgl-project/sglang)
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+from eagle_eval.servers.judge import relative_difference
+from eagle_eval.servers.engine import Engine, setting_row
 from eagle_eval.servers.http import Http, ServerError, ServerReply, int_list
 
 SGLANG_SETTINGS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
@@ -102,3 +107,132 @@ class SGLangClient:
         body = {"input_ids": list(input_ids),
                 "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
         return parse_sglang_generate(self.http.json("POST", "/generate", json=body), self.http.base + "/generate")
+
+
+# -- the server's settings against the oracle's -----------------------------------------------------
+
+def compare_sglang_settings(settings: dict, resolved: dict, draft_path: str) -> list[dict]:
+    """/get_server_info against the oracle's resolved settings (ok None = not reported / informative).
+
+    `resolved.num_draft_tokens` already carries SGLang's topk == 1 adjustment (D = S + 1).
+    """
+    rows = []
+    algo = settings.get("speculative_algorithm")
+    rows.append(setting_row("speculative_algorithm", algo, "EAGLE3", algo is not None and str(algo).upper() == "EAGLE3",
+                     "speculative decoding is off" if algo is None else None))
+    for key, ours in (("speculative_num_steps", "num_steps"), ("speculative_eagle_topk", "topk")):
+        value = settings.get(key)
+        rows.append(setting_row(key, value, getattr(resolved, ours), None if value is None else value == getattr(resolved, ours),
+                         "not reported" if value is None else None))
+    d_server, d_oracle = settings.get("speculative_num_draft_tokens"), resolved.num_draft_tokens
+    note = None
+    if d_server is None:
+        ok, note = None, "not reported"
+    else:
+        ok = d_server == d_oracle
+        given = resolved.num_draft_tokens_given
+        topk, steps = settings.get("speculative_eagle_topk"), settings.get("speculative_num_steps")
+        if not ok and topk == 1 and steps is not None and d_server != steps + 1:
+            note = (f"with speculative_eagle_topk == 1 SGLang sets speculative_num_draft_tokens = "
+                    f"speculative_num_steps + 1 = {steps + 1}; this server reports {d_server} (not adjusted)")
+        elif ok and given is not None and given != d_oracle:
+            note = f"SGLang's topk == 1 adjustment applied (asked {given}, used {d_oracle})"
+    rows.append(setting_row("speculative_num_draft_tokens", d_server, d_oracle, ok, note))
+    path = settings.get("speculative_draft_model_path")
+    if path is not None:
+        same = Path(str(path).rstrip("/")).name == Path(str(draft_path).rstrip("/")).name
+        rows.append(setting_row("speculative_draft_model_path", path, draft_path, None,
+                         None if same else "the folder names differ: is the server running the same head?"))
+    return rows
+
+
+# -- SGLang decode log lines ------------------------------------------------------------------------
+
+_DECODE = re.compile(r"Decode batch\b.*?accept len: (?P<len>[0-9.]+)(?:, accept rate: (?P<rate>[0-9.]+))?")
+_RUNNING = re.compile(r"#running-req: (\d+)")
+
+
+def parse_sglang_log(text: str) -> dict:
+    """Decode-batch lines of an SGLang server log (`scheduler_metrics_mixin.py` log_decode_stats:
+    "Decode batch, #running-req: N, ..., accept len: X.XX, accept rate: Y.YY, ...").
+
+    >>> parse_sglang_log("[x] Decode batch, #running-req: 1, #token: 9, accept len: 2.50, accept rate: 0.50, ")
+    {'lines': 1, 'accept_len': [2.5], 'accept_rate': [0.5], 'max_running_req': 1}
+    """
+    lens, rates, running = [], [], []
+    for line in text.splitlines():
+        m = _DECODE.search(line)
+        if not m:
+            continue
+        lens.append(float(m.group("len")))
+        if m.group("rate") is not None:
+            rates.append(float(m.group("rate")))
+        r = _RUNNING.search(line)
+        if r:
+            running.append(int(r.group(1)))
+    return {"lines": len(lens), "accept_len": lens, "accept_rate": rates,
+            "max_running_req": max(running) if running else None}
+
+
+def accept_rate_definition(accept_len: float, accept_rate: float, num_draft_tokens: int) -> str | None:
+    """Which of SGLang's accept-rate definitions a log line follows (they changed over 2025-2026).
+
+    >>> accept_rate_definition(3.0, 0.67, 4), accept_rate_definition(3.0, 0.75, 4)
+    ('(accept len - 1) / (num_draft_tokens - 1)', 'accept len / num_draft_tokens')
+    """
+    candidates = {"(accept len - 1) / (num_draft_tokens - 1)": (accept_len - 1) / max(num_draft_tokens - 1, 1),
+                  "accept len / num_draft_tokens": accept_len / num_draft_tokens}
+    name, value = min(candidates.items(), key=lambda kv: abs(kv[1] - accept_rate))
+    return name if abs(value - accept_rate) <= 0.011 else None
+
+
+def compare_sglang_log(parsed: dict, oracle_tau: float | None, num_draft_tokens: int, tolerance: float) -> dict:
+    """The log's aggregate accept len (tau, bonus counted, prefill token NOT counted) vs the oracle's tau.
+
+    With one request at a time every window holds decode_log_interval verify steps, so the plain mean
+    over lines is the aggregate (the last, unlogged partial window is missing from it).
+    """
+    out = {"lines": parsed["lines"], "definition": "SGLang log 'accept len' = accepted tokens incl. bonus / "
+           "verify steps over a decode_log_interval window (= tau); compared as the mean over lines",
+           "oracle_accept_length": oracle_tau, "notes": []}
+    if not parsed["lines"]:
+        out.update(server_accept_length=None, relative_difference=None, within_tolerance=None)
+        out["notes"].append("no 'Decode batch ... accept len:' lines in the log (speculative decoding off, or "
+                            "another log level / file)")
+        return out
+    mean = sum(parsed["accept_len"]) / parsed["lines"]
+    rel = relative_difference(mean, oracle_tau)
+    out.update(server_accept_length=mean, relative_difference=rel, tolerance=tolerance,
+               within_tolerance=None if rel is None else rel <= tolerance)
+    if parsed["accept_rate"]:
+        defs = {accept_rate_definition(a, r, num_draft_tokens)
+                for a, r in zip(parsed["accept_len"], parsed["accept_rate"])}
+        out["accept_rate_definition"] = defs.pop() if len(defs) == 1 else None
+    if (parsed["max_running_req"] or 0) > 1:
+        out["notes"].append(f"some lines show {parsed['max_running_req']} running requests: the log covers other "
+                            "traffic too, or requests overlapped; windows are then weighted unevenly")
+    return out
+
+
+def _figure_counts(completion_tokens, verify_count, accepted_drafts) -> tuple[int, int] | None:
+    """SGLang's spec_accept_length = completion_tokens / spec_verify_ct.
+
+    >>> _figure_counts(12, 4, None)
+    (12, 4)
+    """
+    return (completion_tokens, verify_count) if completion_tokens is not None and verify_count else None
+
+
+def _compare_log(text: str, oracle_tau: float | None, num_draft_tokens: int, tolerance: float) -> dict:
+    return compare_sglang_log(parse_sglang_log(text), oracle_tau, num_draft_tokens, tolerance)
+
+
+ENGINE = Engine(
+    name="sglang", figure="spec_accept_length",
+    figure_definition="completion_tokens / spec_verify_ct (SGLang meta_info.spec_accept_length; counts the "
+                      "prefill token); aggregate = sum of completion_tokens / sum of spec_verify_ct over compared "
+                      "requests",
+    figure_counts=_figure_counts, make_client=lambda http, options: SGLangClient(http),
+    compare_settings=compare_sglang_settings, num_steps_setting="speculative_num_steps",
+    taps={"sglang": "sglang_reads_config", "sglang_before_25454": "sglang_before_25454_reads_config"},
+    compare_log=_compare_log)

@@ -93,20 +93,22 @@ class EagleOracle:
 
     @classmethod
     def from_paths(cls, target: str, draft: str, **options) -> "EagleOracle":
-        """options: any RunConfig field (num_steps, max_new_tokens, aux_layers, aux_convention,
-        draft_embedding, position_offset, dtype, device_map, ...)."""
-        from eagle_eval.config import RunConfig
-        return cls.from_config(RunConfig(target=str(target), draft=str(draft), **options))
+        """options: any setting by its flat name (num_steps, max_new_tokens, aux_layers, aux_convention,
+        draft_embedding, position_offset, dtype, device_map, ...: eagle_eval.settings)."""
+        from eagle_eval.settings import Settings
+        return cls.from_settings(Settings.of(target=str(target), draft=str(draft), **options))
 
     @classmethod
-    def from_config(cls, config) -> "EagleOracle":
-        from eagle_eval.api import load_oracle
-        return cls(load_oracle(config))
+    def from_settings(cls, settings) -> "EagleOracle":
+        from eagle_eval.oracle import load_oracle
+        return cls(load_oracle(settings))
+
+    from_config = from_settings
 
     @property
     def resolved(self) -> dict:
         """Aux layers in all conventions, embedding table, num_steps/topk/num_draft_tokens really used."""
-        return self.oracle.resolved
+        return self.oracle.resolved.as_dict()
 
     @property
     def tokenizer(self):
@@ -114,18 +116,16 @@ class EagleOracle:
 
     def expected(self, prompt, id: str | None = None, max_new_tokens: int | None = None) -> Expected:
         """prompt: token ids, or text (tokenized with the target's tokenizer, special tokens added)."""
-        from dataclasses import replace
-
         from eagle_eval.results.records import Prompt
 
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(i) for i in prompt]
         oracle = self.oracle
-        if max_new_tokens is not None and max_new_tokens != oracle.config.max_new_tokens:
-            oracle = replace(oracle, config=replace(oracle.config, max_new_tokens=max_new_tokens))
+        if max_new_tokens is not None and max_new_tokens != oracle.settings.workload.max_new_tokens:
+            oracle = oracle.with_(max_new_tokens=max_new_tokens)
         pid = id if id is not None else f"prompt[{len(ids)} tokens]"
         rec = oracle.decode(Prompt(id=pid, category="testing", input_ids=ids), check_lossless=False)
         return Expected(id=pid, prompt_ids=ids, output_ids=list(rec.output_ids),
-                        accepted_per_cycle=list(rec.accepted_per_cycle), num_steps=oracle.config.num_steps,
+                        accepted_per_cycle=list(rec.accepted_per_cycle), num_steps=oracle.resolved.num_steps,
                         oracle=self)
 
     def expected_many(self, prompts, ids=None, max_new_tokens: int | None = None) -> list[Expected]:

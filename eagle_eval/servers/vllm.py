@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from eagle_eval.servers.engine import Engine, setting_row
 from eagle_eval.servers.http import Http, ServerError, ServerReply, int_list, snippet
 
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -308,3 +309,44 @@ class VLLMClient:
                 notes.append(f"counter deltas differ from the answer's own per-request metrics on {', '.join(differ)}: "
                              "other traffic on the server while the request ran?")
         return ServerReply(output_ids=ids, completion_tokens=completion, notes=notes, raw=raw, **counts)
+
+
+# -- the server's settings against the oracle's -----------------------------------------------------
+
+def compare_vllm_settings(settings: dict, resolved: dict) -> list[dict]:
+    k = settings.get("num_speculative_tokens")
+    return [setting_row("num_speculative_tokens", k, resolved.num_steps, None if k is None else k == resolved.num_steps,
+                 "not reported" if k is None else
+                 "the position labels of vllm:spec_decode_num_accepted_tokens_per_pos")]
+
+
+def _figure_counts(completion_tokens, verify_count, accepted_drafts) -> tuple[int, int] | None:
+    """vLLM's mean acceptance length = 1 + accepted drafts / drafts.
+
+    >>> _figure_counts(12, 4, 7)
+    (11, 4)
+    """
+    return (verify_count + accepted_drafts, verify_count) if verify_count and accepted_drafts is not None else None
+
+
+def _nested_ids_taps(resolved) -> list[tuple]:
+    """The server may have been given a config with only the nested key, which vLLM's V1 runner reads raw."""
+    hf = list(resolved.aux.hf)
+    return [("vllm_v1_reads_nested_ids", f"vLLM's V1 runner reading SGLang-style nested ids {[i - 1 for i in hf]} "
+             "unchanged as vLLM-style (input-of-layer) ids, one layer low (a served config with only "
+             "eagle_config.eagle_aux_hidden_state_layer_ids)", [i - 1 for i in hf])]
+
+
+ENGINE = Engine(
+    name="vllm", figure="accept_length",
+    figure_definition="1 + accepted drafts / drafts (vLLM mean acceptance length, bonus counted), from each "
+                      "answer's metrics.speculative_decoding (num_spec_steps, num_accepted_draft_tokens) when the "
+                      "server offers per-request metrics, else from the deltas of vllm:spec_decode_num_drafts and "
+                      "..._num_accepted_tokens around each request (see each request's server.source); aggregate "
+                      "from the summed counts",
+    figure_counts=_figure_counts,
+    make_client=lambda http, o: VLLMClient(http, o.served_model_name, o.metrics_settle, o.vllm_metrics),
+    compare_settings=lambda settings, resolved, draft_path: compare_vllm_settings(settings, resolved),
+    num_steps_setting="num_speculative_tokens",
+    taps={"vllm_v1": "vllm_v1_reads_config", "vllm_v2": "vllm_v2_reads_config"},
+    extra_taps=_nested_ids_taps, options=("served_model_name", "metrics_settle", "vllm_metrics"))

@@ -1,4 +1,4 @@
-"""The reference greedy speculative loop (chain: topk = 1), one prompt at a time.
+"""The reference speculative loop (chain: topk = 1, or a tree), one prompt at a time.
 
 Contract: `speculative_decode` returns exactly the tokens plain greedy decoding returns (up to
 floating-point near-ties, which `greedy.first_divergence` reports), plus the accepted drafts of each
@@ -6,7 +6,8 @@ verify forward. Each cycle (EAGLE3.md section 4): the draft proposes S tokens fr
 the target verifies [root, d_1..d_S] in one forward; the longest matching prefix is accepted plus one
 bonus token; the target cache is rolled back to the verified prefix; the draft is re-run on the
 target features of (root + accepted) paired with (accepted + bonus). Nothing is recomputed over the
-whole prefix.
+whole prefix. Which tokens are proposed and kept is the decode policy's (speculative/policy.py;
+greedy by default).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle_eval.models.capture import FeatureCapture
-from eagle_eval.models.heads.llama import Eagle3Head
+from eagle_eval.models.heads.protocol import DraftHead
 from eagle_eval.models.target import Target
 from eagle_eval.speculative.draft import DraftState, EmbedFn
+from eagle_eval.speculative.policy import GREEDY, DecodePolicy
 from eagle_eval.speculative.tree import select_tree
 from eagle_eval.speculative.verify import verify_chain, verify_tree
 
@@ -36,10 +38,11 @@ class Decoded:
 class Speculator:
     """Everything the loop needs besides the prompt."""
     target: Target
-    head: Eagle3Head
+    head: DraftHead
     embed: EmbedFn                 # token ids -> draft-side embeddings (target's or draft's table)
     aux_hf: tuple[int, ...]        # resolved aux layers (HF indices)
     position_offset: int = 0       # 1 reproduces SGLang's draft positions before PR #25015
+    policy: DecodePolicy = GREEDY  # how tokens are proposed and accepted
 
     @property
     def draft_device(self):
@@ -75,12 +78,12 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
     if max_new_tokens <= 0:
         return out
     cache = target.new_cache()
-    draft = DraftState(spec.head, spec.embed, spec.position_offset)
+    draft = DraftState(spec.head, spec.embed, spec.position_offset, spec.policy)
     prompt = torch.tensor([prompt_ids], device=device)                 # [1, T]
     with FeatureCapture(target.layers, spec.aux_hf, device) as capture:
         logits = target.forward(prompt, cache)                         # prefill
         aux = capture.pop()                                            # [1, T, k*H_t]
-        first = int(logits[0, -1].argmax())
+        first = spec.policy.first_token(logits[0, -1])
         out.output_ids.append(first)
         if first in eos_ids or max_new_tokens == 1:
             return out
@@ -90,11 +93,11 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
         while True:
             if not use_tree:
                 drafts = draft.propose_chain(num_steps)                # [S]
-                v = verify_chain(target, cache, capture, root, drafts)
+                v = verify_chain(target, cache, capture, root, drafts, spec.policy)
                 new_tokens = drafts[: v.accepted].tolist() + [v.bonus]
             else:
                 tree = select_tree(draft.propose_tree(num_steps, topk), root, num_draft_tokens)
-                v = verify_tree(target, cache, capture, tree)
+                v = verify_tree(target, cache, capture, tree, spec.policy)
                 new_tokens = [tree.tokens[i] for i in v.path[1:]] + [v.bonus]
                 out.off_top1_per_cycle.append(not tree.on_top1_chain(v.path))
                 out.tree_shape_per_cycle.append([tree.depths.count(d) for d in range(1, max(tree.depths) + 1)])

@@ -1,6 +1,7 @@
 """Drafting: what the head proposes, step by step (the loop) or from every start at once (the profile).
 
-Contract: functions here take an `Eagle3Head`, fused or raw target features and token embeddings;
+Contract: functions here take a `DraftHead` (models/heads/protocol.py: the Llama-style and MLA heads),
+fused or raw target features and token embeddings;
 they never call the target. Pairing and positions follow EAGLE3.md section 3: pair t is
 (target feature of x_t, token x_{t+1}) at RoPE position t; the k-th draft step after the last real
 pair p runs at position p + k (+1 with `position_offset=1`, SGLang before PR #25015).
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle_eval.models.heads.llama import DraftCache, Eagle3Head
+from eagle_eval.models.heads.llama import DraftCache
+from eagle_eval.models.heads.protocol import DraftHead
 from eagle_eval.speculative.tree import Pool, stable_top
 
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]   # token ids [B, T] -> embeddings [B, T, H]
@@ -26,8 +28,11 @@ class DraftState:
     target cache length (every verified token except the newest one, the root).
     """
 
-    def __init__(self, head: Eagle3Head, embed: EmbedFn, position_offset: int = 0):
+    def __init__(self, head: DraftHead, embed: EmbedFn, position_offset: int = 0, policy=None):
+        from eagle_eval.speculative.policy import GREEDY
+
         self.head, self.embed, self.position_offset = head, embed, position_offset
+        self.policy = policy or GREEDY
         self.cache = DraftCache()
         self.last_out: torch.Tensor | None = None    # [1, 1, H]: out of the last real pair
 
@@ -45,7 +50,8 @@ class DraftState:
 
     @torch.no_grad()
     def propose_chain(self, num_steps: int) -> torch.Tensor:
-        """Greedy chain of `num_steps` drafts (target vocab ids, [num_steps]) from the last real pair.
+        """A chain of `num_steps` drafts (target vocab ids, [num_steps]) from the last real pair, each step's
+        token the policy's proposal (greedy: the draft's argmax).
 
         Runs num_steps - 1 head steps; their KV entries are speculative and dropped before returning
         (after each verify the draft is re-run on target features over the accepted tokens).
@@ -55,7 +61,7 @@ class DraftState:
         p = real_len - 1
         drafts = []
         for k in range(1, num_steps + 1):
-            token = head.to_target_ids(head.logits(out)[:, -1].argmax(-1))     # [1]
+            token = head.to_target_ids(self.policy.propose(head.logits(out)[:, -1]))     # [1]
             drafts.append(token)
             if k == num_steps:
                 break
@@ -71,7 +77,7 @@ class DraftState:
         each of the num_steps - 1 expansions runs the K frontier nodes (one forward, K queries at
         position p + level, each attending to the real pairs and to its own ancestors), scores their
         K children by parent score * child prob, and keeps the best K as the next frontier."""
-        head, attn = self.head, self.head.midlayer.self_attn
+        head, attn = self.head, self.head.attention
         p, k = self.real_len - 1, topk
         probs = torch.softmax(head.logits(self.last_out)[0, -1], dim=-1)              # [V_d]
         top = stable_top(probs, k)
@@ -113,7 +119,7 @@ class DraftState:
         return pool
 
 
-def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor,
+def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
                   num_steps: int, position_offset: int = 0, argmax_only: bool = False) -> list[torch.Tensor]:
     """Run the draft chain from EVERY start pair at once (the training-time-test attention pattern).
 
@@ -127,7 +133,7 @@ def unroll_chains(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tenso
     Step j's query at position q attends to the real pairs 0..q-j and to the speculative entries of
     steps 1..j of its own chain (at positions q-j+1..q), exactly as the j-th step of the loop does.
     """
-    attn = head.midlayer.self_attn
+    attn = head.attention
     b, t, _ = token_embeds.shape
     device = token_embeds.device
     positions = torch.arange(t, device=device)[None].expand(b, t)
@@ -189,7 +195,7 @@ class TreePools:
 
 
 @torch.no_grad()
-def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor, embed: EmbedFn,
+def unroll_trees(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor, embed: EmbedFn,
                  starts: torch.Tensor, num_steps: int, topk: int, position_offset: int = 0) -> TreePools:
     """`propose_tree` from every start pair in `starts` [P] at once (batch of one sequence).
 
@@ -197,7 +203,7 @@ def unroll_trees(head: Eagle3Head, aux: torch.Tensor, token_embeds: torch.Tensor
     level l runs at position p + l and attends to the real pairs 0..p, to the speculative entries of its
     own ancestors and to itself, exactly as in the loop.
     """
-    attn = head.midlayer.self_attn
+    attn = head.attention
     t, device, k = token_embeds.shape[1], token_embeds.device, topk
     scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
     u, residual = head.attention_input(token_embeds, head.fuse(aux))

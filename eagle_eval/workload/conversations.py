@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eagle_eval.config import RunConfig
+from eagle_eval.settings import WorkloadSettings
 from eagle_eval.results.records import Prompt, SampleRecord
 from eagle_eval.workload.data import DataError, tokenize_row
 from eagle_eval.workload.datasets import Question, read_jsonl_rows, read_questions, select, to_question
@@ -78,7 +78,7 @@ def turn_prompt(question: Question, turn: int, answers: list[str], fmt: PromptFo
     return Prompt(id=sample_id(question, turn), category=question.category, input_ids=ids, text=text)
 
 
-def _read(config: RunConfig) -> tuple[list[Question], str, dict]:
+def _read(config: WorkloadSettings) -> tuple[list[Question], str, dict]:
     if config.dataset is None:        # the plain prompt JSONL: line-numbered errors, as before
         table = read_jsonl_rows(_existing(config.prompts))
         questions = [to_question("prompts", row, i, where) for i, (where, row) in enumerate(table.rows, 1)]
@@ -105,7 +105,7 @@ def _check_unique(questions: list[Question]) -> None:
         seen.add(q.id)
 
 
-def load_workload(config: RunConfig, tokenizer) -> Workload:
+def load_workload(config: WorkloadSettings, tokenizer) -> Workload:
     questions, fmt_name, source = _read(config)
     chosen = select(questions, source["path"], config.categories, config.shuffle_seed, config.limit)
     if not chosen:

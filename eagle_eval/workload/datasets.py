@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle_eval.config import DATASET_FORMATS
+from eagle_eval.settings import DATASET_FORMATS
 from eagle_eval.workload.data import DataError
 
 # Spec-Bench = the 8 MT-Bench categories + these 5 (its question.jsonl has the MT-Bench shape)

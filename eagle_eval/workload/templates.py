@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle_eval.config import ConfigError
+from eagle_eval.settings import ConfigError
 from eagle_eval.workload.data import DataError
 
 NO_TEMPLATE_GIVEN = "none (--no-chat-template)"

@@ -335,33 +335,50 @@ def finite_findings(head, checked_apart=("lm_head.weight", "embed_tokens.weight"
     return [info("weights-finite", "every draft tensor is finite")]
 
 
-def load_findings(target, loaded, aux, config, embedding: str) -> list[Finding]:
+def load_findings(target, loaded, aux, cli_aux_ids, embedding: str, cache: dict | None = None) -> list[Finding]:
     """Every load-time check. target: `Target`; loaded: `LoadedHead`; aux: resolved `AuxLayers`;
-    config: the `RunConfig`; embedding: which table the oracle uses (from `_choose_embedding`)."""
+    cli_aux_ids: --aux-layers as given (None: from the head's config); embedding: which table the oracle uses
+    (from `_choose_embedding`). `cache`: a dict kept beside the loaded weights, holding the checks that look
+    only at them (the weight statistics), so that a variant of the same weights recomputes only the wiring's."""
     head, tcfg = loaded.head, target.text_config
     raw = json.loads((Path(loaded.path) / "config.json").read_text())
+    cache = {} if cache is None else cache
+    if not cache:
+        cache.update(_weight_findings(target, loaded, raw))
+    out = list(cache["lm_head"])
+    if head.embed_tokens is not None:
+        out += cache["embed_tokens"]
+        out += guarded("embed_tokens", own_table_findings, head.embed_tokens.weight, target.input_embeddings.weight,
+                       embedding)
+    out.append(info("embedding", f"draft token embeddings: {embedding}"))
+    out += cache["weights-finite"] + cache["vocab-map"] + cache["rope"]
+    out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, cli_aux_ids,
+                   sglang_deepseek_family(target.model.config))
+    out += cache["dialect"] + cache["dtype"]
+    out += head_variant_findings(loaded, aux)               # issue 16: head variants and config keys
+    out += cache["mla"]
+    return out
+
+
+def _weight_findings(target, loaded, raw: dict) -> dict[str, list[Finding]]:
+    """The checks of `load_findings` that depend only on the loaded weights and configs, by name."""
+    head, tcfg = loaded.head, target.text_config
     layer = raw.get("transformer_layer_config") or raw
     init_range = layer.get("initializer_range", 0.02)
     used = (torch.arange(head.d2t.numel(), device=head.d2t.device) + head.d2t)
     target_head = target.output_embeddings.weight
-    target_table = target.input_embeddings.weight
-    out = guarded("lm_head", lambda: matrix_findings(
+    out = {"lm_head": guarded("lm_head", lambda: matrix_findings(
         "lm_head", head.lm_head.weight, init_range, target_head[used.to(target_head.device)],
-        "the target's lm_head rows of the draft vocab"))
-    if head.embed_tokens is not None:
-        out += guarded("embed_tokens", matrix_findings, "embed_tokens", head.embed_tokens.weight, init_range,
-                        target_table, "the target's embed_tokens")
-        out += guarded("embed_tokens", own_table_findings, head.embed_tokens.weight, target_table, embedding)
-    out.append(info("embedding", f"draft token embeddings: {embedding}"))
-    out += guarded("weights-finite", finite_findings, head)
-    out += guarded("vocab-map", lambda: vocab_map_findings(head.d2t, head.t2d,
-                                                            "t2d" in stored_dtypes(loaded.weights_file)))
-    out += guarded("rope", rope_findings, head.config, raw, tcfg)
-    out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, config.aux_layers,
-                   sglang_deepseek_family(target.model.config))
-    out += guarded("dialect", dialect_findings, loaded, raw)
+        "the target's lm_head rows of the draft vocab"))}
+    out["embed_tokens"] = (guarded("embed_tokens", matrix_findings, "embed_tokens", head.embed_tokens.weight,
+                                   init_range, target.input_embeddings.weight, "the target's embed_tokens")
+                           if head.embed_tokens is not None else [])
+    out["vocab-map"] = guarded("vocab-map", lambda: vocab_map_findings(head.d2t, head.t2d,
+                                                                       "t2d" in stored_dtypes(loaded.weights_file)))
+    out["weights-finite"] = guarded("weights-finite", finite_findings, head)
+    out["rope"] = guarded("rope", rope_findings, head.config, raw, tcfg)
+    out["dialect"] = guarded("dialect", dialect_findings, loaded, raw)
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))
-    out += guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)
-    out += head_variant_findings(loaded, aux)               # issue 16: head variants and config keys
-    out += guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (models/checks/mla.py)
+    out["dtype"] = guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)
+    out["mla"] = guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (models/checks/mla.py)
     return out

@@ -5,8 +5,9 @@ Contract: `Eagle3Head` computes exactly the per-token math of EAGLE3.md section 
 interleaved RoPE, scaled RoPE through transformers' initialisers): see models/heads/config.py, which
 holds `HeadConfig` and cites where each engine implements each. A head kind changes only the draft
 layer's attention and its RoPE tables (`_attention`, `_rope_tables`): models/heads/mla.py `MLAHead`
-(DeepSeek MLA) keeps everything else, so speculative/draft.py drives both through the same interface
-(`attention_input`, `self_attn.project/attend/expand_kv/o_proj/scale`, `finish`, `lm`). It knows
+(DeepSeek MLA) keeps everything else, so speculative/draft.py drives both through the same interface,
+`heads/protocol.py` `DraftHead` (`attention_input`, `attention.project/attend/expand_kv/o_proj/scale`,
+`finish`, `lm`). It knows
 nothing about the target model, tokenizers or the speculative loop; checkpoints are read and written by models/heads/io.py.
 """
 
@@ -172,6 +173,11 @@ class Eagle3Head(nn.Module):
     def _rope_tables(self, cfg: HeadConfig) -> tuple[torch.Tensor, float]:
         """(inv_freq [rotary dims / 2], cos/sin scaling) for `rope`."""
         return _rope_inv_freq(cfg)
+
+    @property
+    def attention(self) -> nn.Module:
+        """The draft layer's attention (heads/protocol.py DraftAttention), what drafting drives."""
+        return self.midlayer.self_attn
 
     # -- the per-token math of EAGLE3.md section 2 ---------------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:

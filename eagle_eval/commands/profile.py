@@ -1,9 +1,10 @@
 """`profile`: exact per-cycle acceptance for every num_steps <= max_steps from one teacher-forced pass.
 
-Contract: the orchestration of speculative/profile.py over a workload: the continuations (the target's own
-batched greedy, or a responses file checked against the target's argmax and repaired in one batch),
-the profile of every prompt, the cycle simulation per num_steps (and per num_draft_tokens of a tree
-grid), the report and its output folder. Reached through `eagle_eval.api.profile`.
+Contract: `profile_prompts(oracle, prompts, options, continuations)` is the orchestration of
+speculative/profile.py over prompts in memory: the continuations (given, checked against the target's
+argmax and repaired in one batch, or the target's own batched greedy), the profile of every prompt, the
+cycle simulation per num_steps (and per num_draft_tokens of a tree grid) and the report. `profile(settings,
+options)` is the command: it reads the workload and a --responses file and owns the output folder.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from eagle_eval.commands.folder import open_folder
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
 from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
 from eagle_eval.results.resume import workload_digests
-from eagle_eval.results.run_folder import open_run_output
+from eagle_eval.settings import ProfileOptions, Settings
 
 
 @dataclass
@@ -25,6 +27,7 @@ class ProfileResult:
     report: dict                       # holds by_num_steps {"1": {summary, per_position, histogram}, ...}
     samples: list[SampleRecord]        # rows carry run_lengths and accepted_per_cycle_by_num_steps
     oracle: Oracle | None = None
+    profiled: list = None              # speculative.profile.Profiled per prompt (continuations, run lengths)
 
 
 def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int) -> list[list[int]]:
@@ -54,50 +57,70 @@ def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int
     return out
 
 
-def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> ProfileResult:
-    """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps."""
-    cfg = pcfg.run
-    torch.manual_seed(cfg.seed)
-    folder = open_run_output("profile", cfg, pcfg.as_dict(), {**cfg.input_paths(), "responses": pcfg.responses})
+def profile(settings: Settings, options: ProfileOptions = ProfileOptions(), progress: bool = True,
+            oracle: Oracle | None = None) -> ProfileResult:
+    """Teacher-forced profile of the settings' workload: exact per-cycle acceptance for every num_steps <= max_steps."""
+    torch.manual_seed(settings.decoding.seed)
+    folder = open_folder("profile", settings, options)
     try:
-        return _profile(pcfg, folder, progress, oracle)
+        oracle = load_oracle(settings, like=oracle)
+        oracle.refuse_load_errors()
+        result = profile_oracle(oracle, options, progress)
+        if folder is not None:
+            folder.record_workload(workload_digests([p.prompt for p in result.profiled]), resume=False)
+            folder.write_text("samples.jsonl", "".join(json.dumps(r.to_json()) + "\n" for r in result.samples))
+            folder.write_json("profile.json", result.report)
+            folder.finish()
+        return result
     finally:
         if folder is not None:
             folder.close()
 
 
-def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResult:
+def profile_oracle(oracle: Oracle, options: ProfileOptions = ProfileOptions(), progress: bool = False) -> ProfileResult:
+    """The profile of the oracle's own workload (its settings' prompts, first turns, the same datasets, templates
+    and filters as `run`), on the continuations of --responses when given."""
+    workload = checked_workload(oracle, oracle.settings.workload.max_new_tokens + options.max_steps + 1)
+    prompts = workload.first_prompts
+    conts = (_read_responses(options.responses, prompts, oracle.tokenizer, oracle.limits()[0])
+             if options.responses else None)
+    return profile_prompts(oracle, prompts, options, conts, progress, workload=(workload.resolved, workload.warnings))
+
+
+def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptions = ProfileOptions(),
+                    continuations: list[list[int]] | None = None, progress: bool = False,
+                    workload: tuple[dict, list] = ({}, [])) -> ProfileResult:
+    """The profile of `prompts` (first turns) with the oracle's settings. continuations: given responses
+    (token ids per prompt, e.g. a server's), checked against the target's argmax; None = the target's own
+    greedy. workload: (what the workload resolved, its warnings), echoed in the report."""
     from tqdm import tqdm
 
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
     from eagle_eval.speculative import profile as prof
     from eagle_eval.speculative.tree import pool_size
-    cfg, k_max = pcfg.run, pcfg.max_steps
-    oracle = oracle or load_oracle(cfg)
+    settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
+    max_new, topk = settings.workload.max_new_tokens, r.topk
     spec, tok = oracle.speculator, oracle.tokenizer
-    need = cfg.max_new_tokens + k_max
-    workload = checked_workload(cfg, oracle, need + 1)   # the same datasets, templates and filters as `run`
-    prompts = workload.first_prompts              # the profile covers first turns only
-    vocab = oracle.limits()[0]
+    need = max_new + k_max
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
-    if pcfg.responses:
-        conts = _extend(spec, prompts, [c[:need] for c in _read_responses(pcfg.responses, prompts, tok, vocab)],
-                        need, pad, pcfg.batch_tokens)
+    given = continuations is not None
+    if given:
+        conts = _extend(spec, prompts, [c[:need] for c in continuations], need, pad, options.batch_tokens)
     else:
-        conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, pcfg.batch_tokens)
+        conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, options.batch_tokens)
     # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
-    d_main = {s: min(oracle.resolved["num_draft_tokens"], pool_size(s, cfg.topk) + 1) for s in range(1, k_max + 1)}
-    grid = [(s, d) for d in (pcfg.draft_tokens_grid or ()) for s in range(1, k_max + 1)
-            if 2 <= d <= pool_size(s, cfg.topk) + 1]
-    tree = (cfg.topk, sorted(set(d_main.items()) | set(grid))) if cfg.topk > 1 else (1, None)
+    d_main = {s: min(r.num_draft_tokens, pool_size(s, topk) + 1) for s in range(1, k_max + 1)}
+    grid = [(s, d) for d in (options.draft_tokens_grid or ()) for s in range(1, k_max + 1)
+            if 2 <= d <= pool_size(s, topk) + 1]
+    tree = (topk, sorted(set(d_main.items()) | set(grid))) if topk > 1 else (1, None)
 
     def run_profile(indices, desc):
         out = {}
         seqs = [prompts[i].input_ids + conts[i] for i in indices]
-        for batch in tqdm(list(prof._batches(seqs, 0, pcfg.batch_tokens)), desc=desc, unit="batch",
+        for batch in tqdm(list(prof._batches(seqs, 0, options.batch_tokens)), desc=desc, unit="batch",
                           disable=not progress):
             items = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
-            for j, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad, *tree)):
+            for j, res in zip(batch, prof.profile_batch(spec, items, k_max, max_new, pad, *tree)):
                 out[indices[j]] = res
         return out
 
@@ -105,11 +128,11 @@ def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResu
     divergences = [{"id": profiled[i].prompt.id, **profiled[i].divergence}
                    for i in range(len(prompts)) if profiled[i].divergence is not None]
     numeric = []
-    if pcfg.responses and divergences:
+    if given and divergences:
         # responses that are not the target's greedy: profile the greedy sequence from the divergence on
         bad = [i for i in range(len(prompts)) if profiled[i].divergence is not None]
         cut = [conts[i][: profiled[i].divergence["position"]] for i in bad]
-        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, pcfg.batch_tokens)):
+        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, options.batch_tokens)):
             conts[i] = c
         for i, res in run_profile(bad, "re-profile").items():
             res.divergence = profiled[i].divergence
@@ -121,42 +144,38 @@ def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResu
 
     def simulate(p, s, d=None):
         if p.tree_runs is None:
-            return prof.simulate_cycles(p.run_lengths, p.continuation, s, cfg.max_new_tokens, oracle.eos_ids)
+            return prof.simulate_cycles(p.run_lengths, p.continuation, s, max_new, oracle.eos_ids)
         runs, off = p.tree_runs[(s, d or d_main[s])]
-        return prof.simulate_cycles(runs, p.continuation, s, cfg.max_new_tokens, oracle.eos_ids, off)
+        return prof.simulate_cycles(runs, p.continuation, s, max_new, oracle.eos_ids, off)
 
     sims = {s: [simulate(p, s) for p in profiled] for s in range(1, k_max + 1)}
     by_steps = {}
+    s_run = min(r.num_steps, k_max)
     for s, decoded in sims.items():
         recs = [_record(p, d) for p, d in zip(profiled, decoded)]
         by_steps[str(s)] = summarize(recs, s)
-        if oracle.resolved.get("train_acc") and cfg.topk == 1:
-            by_steps[str(s)]["training_prediction"] = training_prediction(oracle.resolved["train_acc"],
-                                                                          by_steps[str(s)], s)
-        if cfg.topk > 1:
+        if r.train_acc and topk == 1:
+            by_steps[str(s)]["training_prediction"] = training_prediction(r.train_acc, by_steps[str(s)], s)
+        if topk > 1:
             by_steps[str(s)]["num_draft_tokens"] = d_main[s]
-        if s == min(cfg.num_steps, k_max):
+        if s == s_run:
             samples = recs
     by_draft_tokens = {}
     for s, d in grid:
         recs = [_record(p, simulate(p, s, d)) for p in profiled]
         by_draft_tokens.setdefault(str(d), {})[str(s)] = summarize(recs, s)
     for i, (rec, p) in enumerate(zip(samples, profiled)):
-        s_run = min(cfg.num_steps, k_max)
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
         rec.extra["accepted_per_cycle_by_num_steps"] = {str(s): sims[s][i].accepted_per_cycle for s in sims}
         rec.extra["response_divergence"] = p.divergence
-    report = {"schema_version": 1, "config": {**pcfg.as_dict(), **oracle.resolved, **workload.resolved},
+    resolved, notes = workload
+    report = {"schema_version": 1, "config": {**settings.flat(), **options.as_dict(), **r.as_dict(), **resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
               "numeric_divergences": numeric,
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
-              "definitions": DEFINITIONS, "warnings": oracle.warnings, "provenance": provenance(cfg.seed)}
-    if folder is not None:
-        folder.record_workload(workload_digests(prompts), resume=False)
-        folder.write_text("samples.jsonl", "".join(json.dumps(r.to_json()) + "\n" for r in samples))
-        folder.write_json("profile.json", report)
-        folder.finish()
-    return ProfileResult(report=report, samples=samples, oracle=oracle)
+              "definitions": DEFINITIONS, "warnings": oracle.warnings + list(notes),
+              "provenance": provenance(settings.decoding.seed)}
+    return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled)
 
 
 def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad: int,

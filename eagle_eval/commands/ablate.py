@@ -1,29 +1,27 @@
-"""Ablations: acceptance and modelled speedup over num_steps (one profile) and over re-run axes.
+"""Ablations: acceptance and modelled speedup over num_steps (one profile) and over other axes.
 
-Contract: a variant is the base RunConfig with some fields replaced (`--vary FIELD=VALUE`); each
+Contract: a variant is the base oracle with some settings changed (`--vary FIELD=VALUE`, through
+`oracle.with_`, so the target and the head load once unless a variant changes a model setting); each
 variant costs one profile, which gives every num_steps <= max_steps at once. The speedup model is
 EAGLE3.md section 5: S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), with c and r(k) timed on the
-current device (`measure_costs`) or given.
-
-Why here, beside api.py (which re-exports `ablate`): an ablation is a set of runs (it replaces
-RunConfig fields and calls the profile once per variant), so it belongs to the door that wires the
-stages, not to one stage; its CSV and PNG writers live in `results/` like every other writer.
+current device (`measure_costs`) or given. Its CSV and PNG writers live in `results/` like every other writer.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 
-from eagle_eval.config import ConfigError, RunConfig, parse_ids
-from eagle_eval.profiling import profile
+from eagle_eval.commands.folder import open_folder
+from eagle_eval.commands.profile import profile_oracle
+from eagle_eval.oracle import load_oracle
 from eagle_eval.results.acceptance import speedup
 from eagle_eval.results.plot import plot_ablation
-from eagle_eval.results.run_folder import open_run_output
 from eagle_eval.results.tables import write_rows_csv
+from eagle_eval.settings import FIELD_GROUP, AblateOptions, ConfigError, Settings, parse_setting
 
 
 @dataclass(frozen=True)
@@ -39,35 +37,26 @@ class Costs:
         return self.verify_ratio.get(verify_tokens, 1.0)
 
 
+NOT_AXES = ("output_dir", "resume", "overwrite", "prompts", "dataset", "target", "draft", "seed")
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
-    """'aux_layers=0,3,6' -> ('aux_layers=0,3,6', {'aux_layers': (0, 3, 6)}); several with ';'."""
+    """'aux_layers=0,3,6' -> ('aux_layers=0,3,6', {'aux_layers': (0, 3, 6)}); several with ';'. Values are
+    parsed as the setting's own flag would parse them."""
     overrides = {}
-    types = {f.name: f.type for f in fields(RunConfig)}
     for part in text.split(";"):
         if "=" not in part:
             raise ConfigError(f"--vary {text!r}: expected FIELD=VALUE (e.g. aux_layers=0,3,6 or dtype=bf16)")
         key, value = (s.strip() for s in part.split("=", 1))
         key = key.replace("-", "_")
-        if key not in types or key in ("output_dir", "resume", "overwrite", "prompts", "target", "draft", "seed"):
-            raise ConfigError(f"--vary {key!r}: not an ablation axis; use a field of `run` such as "
+        if key not in FIELD_GROUP or key in NOT_AXES:
+            raise ConfigError(f"--vary {key!r}: not an ablation axis; use a setting of `run` such as "
                               "aux_layers, aux_convention, dtype, max_new_tokens, draft_embedding, position_offset")
-        overrides[key] = _parse_value(key, types[key], value)
-    return text, overrides
-
-
-def _parse_value(key: str, type_name: str, value: str):
-    if key == "aux_layers":
-        return parse_ids(value)
-    if "bool" in str(type_name):
-        if value.lower() not in ("true", "false", "1", "0", "on", "off"):
-            raise ConfigError(f"--vary {key}={value}: expected true or false")
-        return value.lower() in ("true", "1", "on")
-    if "int" in str(type_name) and "None" not in str(type_name).split("|")[0]:
         try:
-            return int(value)
-        except ValueError as exc:
-            raise ConfigError(f"--vary {key}={value}: expected an integer") from exc
-    return None if value.lower() == "none" else value
+            overrides[key] = parse_setting(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"--vary {part.strip()}: {exc}") from exc
+    return text, overrides
 
 
 @torch.no_grad()
@@ -148,21 +137,14 @@ def best_row(rows: list[dict], key: str = "speedup_model") -> dict:
     return max(rows, key=lambda r: r[key])
 
 
-def apply(base: RunConfig, overrides: dict) -> RunConfig:
-    return replace(base, **overrides)
-
-
-def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms: tuple | None = None,
-           progress: bool = True, topk_grid=None, draft_tokens_grid=None) -> dict:
-    """Profile the base config and each `--vary` variant (for each topk of the grid, with every
+def ablate(settings: Settings, options: AblateOptions = AblateOptions(), progress: bool = True) -> dict:
+    """Profile the base settings and each `--vary` variant (for each topk of the grid, with every
     num_draft_tokens of the grid from one tree expansion); tabulate tau and modelled speedup per
-    (num_steps, topk, num_draft_tokens). server_ms = (draft step ms, target step ms) from a server."""
-    settings = {**base.as_dict(), "vary": list(variants), "cost_ratio": cost_ratio,
-                "server_ms": list(server_ms) if server_ms else None,
-                "topk_grid": list(topk_grid or []), "draft_tokens_grid": list(draft_tokens_grid or [])}
-    folder = open_run_output("ablate", base.run, settings, {**base.run.input_paths(), "responses": base.responses})
+    (num_steps, topk, num_draft_tokens). Server step times, when given, are a second speedup column."""
+    named = [("base", {})] + [parse_variant(v) for v in options.vary]       # bad variants fail before any load
+    folder = open_folder("ablate", settings, options)
     try:
-        result = _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_tokens_grid)
+        result = _ablate(settings, options, named, progress)
         if folder is not None:
             _write_ablation(folder, result)
         return result
@@ -173,45 +155,48 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
 
 def _write_ablation(folder, result: dict) -> None:
     folder.write_with("ablation.csv", lambda path: write_rows_csv(path, result["rows"]))
+    result["files"] = ["ablation.json", "ablation.csv"]
     try:
         folder.write_with("ablation.png", lambda path: plot_ablation(path, result["rows"]))
+        result["files"].append("ablation.png")
     except ConfigError as exc:          # matplotlib is an optional extra
-        result["warnings"] = [f"ablation.png not written: {exc}"]
+        result["warnings"] = result.get("warnings", []) + [f"ablation.png not written: {exc}"]
     folder.write_json("ablation.json", result)
     folder.finish()
 
 
-def _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_tokens_grid) -> dict:
-    from dataclasses import replace as _replace
-
+def _ablate(settings: Settings, options: AblateOptions, named: list, progress: bool) -> dict:
     from eagle_eval.results.report import provenance
     from eagle_eval.speculative.tree import pool_size
 
-    run = _replace(base.run, output_dir=None, resume=False, overwrite=False)
-    named = [("base", {})] + [parse_variant(v) for v in variants]
-    topks = list(topk_grid or [run.topk])
-    grid = tuple(draft_tokens_grid or ())
-    if any(k > 1 for k in topks) and not grid and run.num_draft_tokens is None:
+    base = settings.with_(output_dir=None, resume=False, overwrite=False)
+    spec = base.speculation
+    topks = list(options.topk_grid or [spec.topk])
+    grid = tuple(options.draft_tokens_grid or ())
+    if any(k > 1 for k in topks) and not grid and spec.num_draft_tokens is None:
         raise ConfigError("a topk > 1 in the grid needs --draft-tokens-grid (or --num-draft-tokens)")
-    k_max = base.max_steps
-    sizes = {s + 1 for s in range(1, k_max + 1)} | set(grid) | ({run.num_draft_tokens} if run.num_draft_tokens else set())
+    k_max = options.max_steps
+    sizes = {s + 1 for s in range(1, k_max + 1)} | set(grid) | ({spec.num_draft_tokens} if spec.num_draft_tokens else set())
+    server_ms = (options.server_draft_ms, options.server_target_ms) if options.server_draft_ms is not None else None
     server = Costs(server_ms[0] / server_ms[1], {}, "server step times (r = 1)") if server_ms else None
+    base_oracle = load_oracle(base)
+    base_oracle.refuse_load_errors()
     rows, sections, costs = [], [], None
     for name, overrides in named:
         for k in topks:
-            d_main = None if k == 1 else max(d for d in (grid or (run.num_draft_tokens,))
+            d_main = None if k == 1 else max(d for d in (grid or (spec.num_draft_tokens,))
                                              if d <= pool_size(k_max, k) + 1)
-            cfg = apply(run, {**overrides, "topk": k, "num_draft_tokens": d_main})
-            res = profile(_replace(base, run=cfg, draft_tokens_grid=grid if k > 1 else None), progress=progress)
+            oracle = base_oracle.with_(**overrides, topk=k, num_draft_tokens=d_main)
+            res = profile_oracle(oracle, replace_grid(options, grid if k > 1 else None), progress=progress)
             if costs is None:
-                costs = (Costs(cost_ratio, {}, "given (--cost-ratio; r = 1)") if cost_ratio is not None
-                         else measure_costs(res.oracle, sizes))
+                costs = (Costs(options.cost_ratio, {}, "given (--cost-ratio; r = 1)") if options.cost_ratio is not None
+                         else measure_costs(oracle, sizes))
             label = name if len(topks) == 1 else f"{name} topk={k}"
             shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
                       if k > 1 and grid else {None: res.report["by_num_steps"]})
             for d, by_steps in shapes.items():
                 mine = variant_rows(label if d is None else f"{label} D={d}", by_steps, costs, server, k,
-                                        int(d) if d else None)
+                                    int(d) if d else None)
                 rows += mine
                 best = best_row(mine)
                 sections.append({"variant": mine[0]["variant"], "overrides": {
@@ -222,7 +207,8 @@ def _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_to
                     "best_num_steps_server": best_row(mine, "speedup_server")["num_steps"] if server else None,
                     "by_num_steps": by_steps})
     overall = best_row(rows)
-    result = {"schema_version": 1, "config": {**base.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid)},
+    result = {"schema_version": 1,
+              "config": {**settings.flat(), **options.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid)},
               "costs": {"cost_ratio": costs.cost_ratio,
                         "verify_ratio": {str(n): v for n, v in costs.verify_ratio.items()},
                         "source": costs.source, "times_ms": costs.times_ms,
@@ -230,5 +216,12 @@ def _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_to
               "speedup_model": "S = (1 + sum_{i<=S} u_i) / (S c + r), c = T_draft_step / T_target_step, "
                                "r = T_verify(S+1 tokens, or num_draft_tokens for a tree) / T_target(1 token)",
               "best": {k: overall[k] for k in ("variant", "num_steps", "topk", "num_draft_tokens", "speedup_model")},
-              "variants": sections, "rows": rows, "provenance": provenance(run.seed)}
+              "variants": sections, "rows": rows, "provenance": provenance(settings.decoding.seed)}
     return result
+
+
+def replace_grid(options: AblateOptions, grid):
+    """The profile options of one variant: the ablation's, with the tree grid given (None for a chain)."""
+    from dataclasses import replace
+
+    return replace(options.profile_options(), draft_tokens_grid=grid)

@@ -1,0 +1,66 @@
+"""The draft-head interface speculative/ drives: what a head kind must provide (no torch modules here).
+
+Contract: `DraftHead` is the per-token math of EAGLE3.md section 2 split where drafting needs to reach in:
+fuse the target features, build the attention input (embedding first), project/attend through the head's
+`attention` (`DraftAttention`), finish the layer, and map logits to target ids. `Eagle3Head` (heads/llama.py,
+GQA) and `MLAHead` (heads/mla.py, DeepSeek multi-head latent attention) implement it; a new head kind is a
+new class that does, and drafting, the loop and the profile need no change.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class DraftAttention(Protocol):
+    scale: float                       # the softmax scale (qk head dim^-0.5, times mscale^2 for MLA yarn)
+
+    def project(self, u, cos, sin):
+        """u [B, T, 2H] -> q [B, heads, T, d], k [B, kv, T, d_k], v [B, kv, T, d_v], RoPE applied."""
+
+    def attend(self, q, k, v, mask):
+        """q, keys, values and a bool mask [T, S] or [B, 1, T, S] (True = attend) -> o_proj(output) [B, T, H]."""
+
+    def expand_kv(self, x):
+        """[B, kv, T, d] -> [B, heads, T, d] (GQA; the identity where every head has its own)."""
+
+    def o_proj(self, x):
+        """[B, T, heads * d_v] -> [B, T, H]."""
+
+
+@runtime_checkable
+class DraftHead(Protocol):
+    config: object                     # heads.config.HeadConfig
+    embed_tokens: object               # nn.Embedding of its own, or None
+    lm_head: object                    # nn.Linear [V_d, H]: its weight's device and dtype are the head's
+    d2t: object                        # [V_d] int64: target id = draft id + d2t[draft id]
+    t2d: object                        # [V] bool
+
+    @property
+    def attention(self) -> DraftAttention:
+        """The draft layer's attention."""
+
+    def fuse(self, aux):
+        """aux [B, T, k*H_t] -> g [B, T, H]."""
+
+    def rope(self, positions):
+        """positions [B, T] -> (cos, sin) [B, T, rotary dims]."""
+
+    def attention_input(self, embeds, hidden):
+        """(u [B, T, 2H] embedding first, residual [B, T, H])."""
+
+    def finish(self, residual, attn_out):
+        """The layer's output [B, T, H]: the next step's hidden input."""
+
+    def step(self, embeds, hidden, positions, cache):
+        """Append T pairs to the draft cache -> out [B, T, H]."""
+
+    def lm(self, out):
+        """out -> draft-vocab logits [B, T, V_d] in the head's dtype."""
+
+    def logits(self, out):
+        """out -> draft-vocab logits [B, T, V_d] float32."""
+
+    def to_target_ids(self, draft_ids):
+        """draft vocab ids -> target vocab ids."""
