@@ -1015,3 +1015,17 @@ def test_the_ablation_table_says_the_advice_when_it_has_one(saved):
     line = next(ln for ln in text.splitlines() if ln.startswith("overall: "))
     assert "best overall:" not in text and line.startswith("overall: undecided between base num_steps=")
     assert "base num_steps=1" in line and "base num_steps=2" in line and "includes 0" in line
+
+
+def test_a_diagnosis_whose_exit_status_does_not_follow_from_its_findings_is_refused(saved, tmp_path):
+    from eagle_eval.results.compare import load_result
+
+    data = json.loads((saved["diagnosis"] / "diagnosis.json").read_text())
+    data["findings"].append({"severity": "undecided", "code": "aux-sweep", "message": "could not tell"})
+    for recorded, ok in ((3, True), (1, True), (0, False)):      # 1: diagnose's rule before errors.ExitCode
+        data["exit_status"] = recorded
+        (tmp_path / "diagnosis.json").write_text(json.dumps(data))
+        if ok:
+            assert load_result(tmp_path / "diagnosis.json").status == 3
+        else:
+            assert "does not follow from its findings" in _one_error(_cli(["report", str(tmp_path / "diagnosis.json")]))
