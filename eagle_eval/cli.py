@@ -251,6 +251,8 @@ def _ablate(kw: dict) -> None:
     echo(render_ablation(result), caught)
     if out:
         click.echo(f"\nwrote {', '.join(result.get('files', []))} to {out}")
+    if result["advice"]["verdict"] == "undecided":
+        sys.exit(ExitCode.UNDECIDED)
 
 
 def _run_check(command: str, kw: dict, run, render, report_name: str) -> None:
@@ -320,8 +322,12 @@ def report_command(results, markdown, csv_path, plot_path):
     from eagle_eval.results import compare
 
     try:
+        from eagle_eval.diagnose.run import render_diagnosis
+        from eagle_eval.servers.check import render_server_check
+
         loaded = [compare.load_result(p) for p in results]
-        click.echo(compare.render_results(loaded, markdown=markdown))
+        click.echo(compare.render_results(loaded, markdown=markdown, renderers={
+            "diagnosis": render_diagnosis, "server_check": render_server_check}))
         if csv_path:
             from eagle_eval.results.tables import write_csv
             labelled = len(loaded) > 1                         # a `result` column only when there are several
@@ -333,6 +339,7 @@ def report_command(results, markdown, csv_path, plot_path):
             click.echo(f"wrote {plot_path}")
     except USER_ERRORS as exc:
         fail(str(exc), exc)
+    sys.exit(compare.results_status(loaded))
 
 
 def reference_markdown() -> str:

@@ -356,6 +356,9 @@ class OutputSettings(Group):
     resume: bool = opt(False, "Continue an interrupted run in --output-dir.", resumable=True)
     overwrite: bool = opt(False, "Replace the results already in --output-dir (only the files eagle-eval wrote "
                           "there, unchanged, are removed).", resumable=True)
+    full_fingerprint: bool = opt(False, "Fingerprint every byte of every input in the folder's owner file (default: "
+                                 "files up to 64 MiB whole, larger safetensors by header, size and sampled blocks of "
+                                 "each tensor; results/fingerprints.py).", resumable=True)
 
     def validate(self):
         if self.resume and not self.output_dir:

@@ -14,6 +14,7 @@ from eagle_eval import oracle as oracle_module
 from eagle_eval.cli import main
 from eagle_eval.settings import Settings
 from eagle_eval.results.compare import compare, load_result
+from eagle_eval.results.findings import Finding, render_findings
 from eagle_eval.results.records import SampleRecord
 from eagle_eval.results.report import group_summaries, render_table, summarize
 from eagle_eval.results.tables import csv_rows, read_csv
@@ -60,7 +61,8 @@ def test_report_reproduces_the_run_exactly(runs):
     folder, report = runs["a"]
     result = CliRunner().invoke(main, ["report", str(folder / "report.json")])
     assert result.exit_code == 0, result.output
-    assert result.output == render_table(report) + "\n"               # what `eagle-eval run` printed
+    checks = render_findings([Finding.from_dict(f) for f in report["config"]["sanity"]], only_problems=True)
+    assert result.output == render_table(report) + "\n\nload-time checks\n" + checks + "\n"   # what `run` printed
     saved = load_result(folder).report                                 # a run folder works too
     for key in KEYS:
         assert saved[key] == report[key]

@@ -10,15 +10,13 @@ current device (`measure_costs`) or given. Its CSV and PNG writers live in `resu
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
-
-import torch
 
 from eagle_eval.commands.folder import open_folder
 from eagle_eval.commands.profile import profile_oracle
 from eagle_eval.oracle import load_oracle
 from eagle_eval.results.acceptance import speedup
+from eagle_eval.results.advice import advise, settings_from_rows
 from eagle_eval.results.plot import plot_ablation
 from eagle_eval.results.tables import write_rows_csv
 from eagle_eval.settings import FIELD_GROUP, AblateOptions, ConfigError, Settings, parse_setting
@@ -59,53 +57,22 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return text, overrides
 
 
-@torch.no_grad()
-def measure_costs(oracle, verify_sizes, context: int = 128, reps: int = 5) -> Costs:
-    """Time one target token, verify forwards of each size in `verify_sizes` and one draft step."""
-    spec = oracle.speculator
-    target, head = spec.target, spec.head
-    device = spec.draft_device
-    vocab = target.info.vocab_size
-    ids = torch.randint(0, vocab, (1, context))
-    cache = target.new_cache()
-    target.forward(ids, cache)
+def measure_costs(oracle, verify_sizes, progress: bool = False) -> tuple[Costs, object]:
+    """The speedup model's costs timed on this device (speculative/costs.py: interleaved rounds of every
+    timing until each median interval is narrow, or a limit) -> (Costs from the medians, the TimingRun)."""
+    from eagle_eval.speculative.costs import measure_timings
 
-    def timed(fn) -> float:
-        samples = []
-        for _ in range(reps + 1):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples[1:]) * 1e3        # first call is a warm-up
-
-    def verify(n):
-        target.forward(torch.randint(0, vocab, (1, n)), cache)
-        target.rollback(cache, context)
-
-    from eagle_eval.speculative.draft import DraftState
-    state = DraftState(head, spec.embed)
-    state.extend(torch.randn(1, context, head.config.num_aux * head.config.target_hidden_size,
-                             device=device, dtype=head.lm_head.weight.dtype),
-                 torch.randint(0, vocab, (1, context), device=device))
-    token = torch.randint(0, vocab, (1, 1), device=device)
-    position = torch.tensor([[context]], device=device)
-
-    def draft_step():              # one head forward + lm_head + argmax, as in each decode step
-        out = head.step(spec.embed(token), state.last_out, position, state.cache)
-        head.logits(out).argmax(-1)
-        state.cache.rollback(context)
-
-    t_target = timed(lambda: verify(1))
-    t_verify = {n: timed(lambda n=n: verify(n)) for n in sorted(set(verify_sizes))}
-    t_draft = timed(draft_step)
-    return Costs(cost_ratio=t_draft / t_target, verify_ratio={k: v / t_target for k, v in t_verify.items()},
-                 source=f"measured on {device}",
-                 times_ms={"target_1_token": t_target, "draft_step": t_draft,
-                           "verify": {str(k): v for k, v in t_verify.items()}})
+    run = measure_timings(oracle.speculator, verify_sizes)
+    t = run.timings
+    sizes = sorted(t.verify_ms)
+    c = t.ratios(sizes[0] if sizes else 1)[0]
+    costs = Costs(cost_ratio=c, verify_ratio={n: t.ratios(n)[1] for n in sizes},
+                  source=f"measured on {oracle.speculator.draft_device} ({run.rounds} rounds, "
+                         f"{'narrow' if run.narrow else 'NOT narrow: widest median interval '}"
+                         f"{'' if run.narrow else f'+-{run.widest:.1%}'})",
+                  times_ms={"target_1_token": statistics.median(t.target_ms), "draft_step": statistics.median(t.draft_ms),
+                            "verify": {str(n): statistics.median(xs) for n, xs in t.verify_ms.items()}})
+    return costs, run
 
 
 def variant_rows(name: str, by_num_steps: dict, costs: Costs, server: Costs | None, topk: int = 1,
@@ -181,7 +148,7 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
     server = Costs(server_ms[0] / server_ms[1], {}, "server step times (r = 1)") if server_ms else None
     base_oracle = load_oracle(base)
     base_oracle.refuse_load_errors()
-    rows, sections, costs = [], [], None
+    rows, sections, costs, timing = [], [], None, None
     for name, overrides in named:
         for k in topks:
             d_main = None if k == 1 else max(d for d in (grid or (spec.num_draft_tokens,))
@@ -189,8 +156,10 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
             oracle = base_oracle.with_(**overrides, topk=k, num_draft_tokens=d_main)
             res = profile_oracle(oracle, replace_grid(options, grid if k > 1 else None), progress=progress)
             if costs is None:
-                costs = (Costs(options.cost_ratio, {}, "given (--cost-ratio; r = 1)") if options.cost_ratio is not None
-                         else measure_costs(oracle, sizes))
+                if options.cost_ratio is not None:
+                    costs, timing = Costs(options.cost_ratio, {}, "given (--cost-ratio; r = 1)"), None
+                else:
+                    costs, timing = measure_costs(oracle, sizes)
             label = name if len(topks) == 1 else f"{name} topk={k}"
             shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
                       if k > 1 and grid else {None: res.report["by_num_steps"]})
@@ -205,19 +174,38 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
                     "aux_layers": res.report["config"]["aux_layers"],
                     "best_num_steps": best["num_steps"], "best_speedup_model": best["speedup_model"],
                     "best_num_steps_server": best_row(mine, "speedup_server")["num_steps"] if server else None,
-                    "by_num_steps": by_steps})
+                    "advice": advise(settings_from_rows(mine), timings_of(timing, options)).as_dict(),
+                    "sanity": res.report["config"]["sanity"], "by_num_steps": by_steps})
     overall = best_row(rows)
     result = {"schema_version": 1,
               "config": {**settings.flat(), **options.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid)},
               "costs": {"cost_ratio": costs.cost_ratio,
                         "verify_ratio": {str(n): v for n, v in costs.verify_ratio.items()},
                         "source": costs.source, "times_ms": costs.times_ms,
+                        "timings": _timing_dict(timing),
                         "server_ms": {"draft_step": server_ms[0], "target_step": server_ms[1]} if server_ms else None},
               "speedup_model": "S = (1 + sum_{i<=S} u_i) / (S c + r), c = T_draft_step / T_target_step, "
                                "r = T_verify(S+1 tokens, or num_draft_tokens for a tree) / T_target(1 token)",
               "best": {k: overall[k] for k in ("variant", "num_steps", "topk", "num_draft_tokens", "speedup_model")},
+              "advice": advise(settings_from_rows(rows), timings_of(timing, options)).as_dict(),
               "variants": sections, "rows": rows, "provenance": provenance(settings.decoding.seed)}
     return result
+
+
+def timings_of(timing, options: AblateOptions):
+    """The timings the advice is decided from: measured, or given (--cost-ratio: no timing noise)."""
+    from eagle_eval.results.advice import Timings
+
+    return timing.timings if timing is not None else Timings.given(options.cost_ratio)
+
+
+def _timing_dict(timing) -> dict | None:
+    if timing is None:
+        return None
+    t = timing.timings
+    return {"rounds": timing.rounds, "narrow": timing.narrow, "widest": timing.widest, "rule": timing.rule,
+            "samples_ms": {"target_1_token": list(t.target_ms), "draft_step": list(t.draft_ms),
+                           "verify": {str(n): list(xs) for n, xs in t.verify_ms.items()}}}
 
 
 def replace_grid(options: AblateOptions, grid):

@@ -32,7 +32,8 @@ def open_folder(command: str, settings: Settings, own: Group | None = None, extr
         Settings.resumable()
     folder = open_run_folder(out.output_dir, command, {**command_config(settings, own), **(extra or {})},
                              {**settings.input_paths(), **own_inputs(own), **(extra_inputs or {})},
-                             resume=out.resume, overwrite=out.overwrite, ignore=ignore)
+                             resume=out.resume, overwrite=out.overwrite, ignore=ignore,
+                             full_fingerprint=out.full_fingerprint)
     try:
         folder.write_text(SETTINGS_FILE, settings_file_text(command, settings, own))
     except BaseException:

@@ -105,9 +105,11 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
     given = continuations is not None
     if given:
-        conts = _extend(spec, prompts, [c[:need] for c in continuations], need, pad, options.batch_tokens)
+        conts = _extend(spec, prompts, [c[:need] for c in continuations], need, pad, options.batch_tokens, progress)
     else:
-        conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, options.batch_tokens)
+        with tqdm(total=len(prompts) * need, desc="generate", unit="tok", disable=not progress) as bar:
+            conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, options.batch_tokens,
+                                              progress=bar.update)
     # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
     d_main = {s: min(r.num_draft_tokens, pool_size(s, topk) + 1) for s in range(1, k_max + 1)}
     grid = [(s, d) for d in (options.draft_tokens_grid or ()) for s in range(1, k_max + 1)
@@ -132,7 +134,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
         # responses that are not the target's greedy: profile the greedy sequence from the divergence on
         bad = [i for i in range(len(prompts)) if profiled[i].divergence is not None]
         cut = [conts[i][: profiled[i].divergence["position"]] for i in bad]
-        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, options.batch_tokens)):
+        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, options.batch_tokens, progress)):
             conts[i] = c
         for i, res in run_profile(bad, "re-profile").items():
             res.divergence = profiled[i].divergence
@@ -179,7 +181,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
 
 
 def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad: int,
-            batch_tokens: int) -> list[list[int]]:
+            batch_tokens: int, progress: bool = False) -> list[list[int]]:
     """Extend continuations greedily to `need` tokens, in batches (responses stop at max_new_tokens
     or EOS; the loop's last verify looks num_steps tokens further)."""
     from eagle_eval.speculative import profile as prof
@@ -188,8 +190,11 @@ def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad:
     out = [c[:need] for c in conts]
     if short:
         missing = max(need - len(conts[i]) for i in short)
-        more = prof.greedy_continuations(spec, [prompts[i].input_ids + conts[i] for i in short], missing, pad,
-                                         batch_tokens)
+        from tqdm import tqdm
+
+        with tqdm(total=len(short) * missing, desc="extend", unit="tok", disable=not progress) as bar:
+            more = prof.greedy_continuations(spec, [prompts[i].input_ids + conts[i] for i in short], missing, pad,
+                                             batch_tokens, progress=bar.update)
         for i, m in zip(short, more):
             out[i] = (conts[i] + m)[:need]
     return out

@@ -76,7 +76,7 @@ def _evaluate(settings: Settings, options: LoopOptions, folder, progress: bool, 
     done = []
     if folder is not None:
         folder.record_workload(workload_digests(workload.first_prompts), settings.output.resume)
-        done = resumed_rows(folder, workload) if settings.output.resume else []
+        done = resumed_rows(folder, workload, num_steps=oracle.resolved.num_steps) if settings.output.resume else []
     finished = {s.id: s for s in done}
     samples = list(done)
     for rec in tqdm(run_prompts(oracle, workload, options, finished), total=workload.pending(finished),

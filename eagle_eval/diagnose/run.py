@@ -79,8 +79,8 @@ class Rounds:
     """The workload's prompts and, for the first prompts profiled so far, their greedy continuations
     (max_new_tokens + num_steps tokens, not cut at EOS), shared by every candidate of a look."""
 
-    def __init__(self, oracle, prompts):
-        self.oracle, self.prompts = oracle, prompts
+    def __init__(self, oracle, prompts, progress: bool = False):
+        self.oracle, self.prompts, self.progress = oracle, prompts, progress
         self.conts: list[list[int]] = []
 
     def slice(self, lo: int, hi: int) -> tuple[list, list[list[int]]]:
@@ -92,11 +92,14 @@ class Rounds:
 
         if hi <= len(self.conts):
             return
+        from tqdm import tqdm
+
         tok, oracle = self.oracle.tokenizer, self.oracle
         pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
         need = oracle.settings.workload.max_new_tokens + oracle.resolved.num_steps
-        self.conts += greedy_continuations(oracle.speculator, [p.input_ids for p in self.prompts[len(self.conts):hi]],
-                                           need, pad, 16384)
+        todo = [p.input_ids for p in self.prompts[len(self.conts):hi]]
+        with tqdm(total=len(todo) * need, desc="generate", unit="tok", disable=not self.progress) as bar:
+            self.conts += greedy_continuations(oracle.speculator, todo, need, pad, 16384, progress=bar.update)
 
 
 def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.Sequence]:
@@ -159,7 +162,7 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
     if match is not None:
         more, dump_hf = _dump_section(match, configured, head.config.num_aux, report, dcfg.sweep)
         findings += more
-    rounds = Rounds(oracle, prompts)
+    rounds = Rounds(oracle, prompts, progress)
     cands = aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf))
     if dcfg.sweep and len(cands) > 1:
         rows, seq = _sweep(oracle, rounds, cands, progress)

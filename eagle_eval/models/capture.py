@@ -70,7 +70,10 @@ def to_hf(ids, convention: str) -> list[int]:
     """Convert ids written in `convention` to HF indices."""
     if convention not in CONVENTIONS:
         raise AuxLayerError(f"aux-layer convention must be one of {CONVENTIONS}, got {convention!r}")
-    ids = [int(i) for i in ids]
+    wrong = [i for i in ids if isinstance(i, bool) or not isinstance(i, int)]
+    if wrong:
+        raise AuxLayerError(f"aux layer ids must be integers, got {wrong[0]!r} in {list(ids)}")
+    ids = list(ids)
     if convention == "sglang":
         bad = [i for i in ids if i < -1]
         if bad:

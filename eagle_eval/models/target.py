@@ -10,6 +10,7 @@ draft heads.
 from __future__ import annotations
 
 import inspect
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,17 +28,79 @@ class TargetError(UserError, ValueError):
     """A target that cannot be loaded or used; the message names the path or setting."""
 
 
+MEMORY_DEVICES = ("cpu", "disk", "mps")     # accelerate's named devices besides GPU indices (get_max_memory)
+
+
 def parse_max_memory(text: str | None) -> dict | None:
-    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'}."""
-    if not text:
+    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'}, every size checked as
+    accelerate reads it (`accelerate.utils.modeling.convert_file_size_to_int`, called by `get_max_memory`):
+    a number with KB/MB/GB or KiB/MiB/GiB (a bare number is refused there too). A lower-case `b` means bits to accelerate
+    ('70Gb' is 8.75 GB), so it is refused; so are unknown devices, a device given twice and sizes <= 0."""
+    from accelerate.utils.modeling import convert_file_size_to_int
+
+    if text is None:
         return None
+    if not str(text).strip():
+        raise TargetError("--max-memory is empty; give DEVICE=SIZE pairs, e.g. 0=70GiB,cpu=100GiB")
     out = {}
-    for part in text.split(","):
+    for part in str(text).split(","):
         if "=" not in part:
             raise TargetError(f"--max-memory: {part!r} is not DEVICE=SIZE (e.g. 0=70GiB,cpu=100GiB)")
         dev, size = (s.strip() for s in part.split("=", 1))
-        out[int(dev) if dev.isdigit() else dev] = size
+        key = int(dev) if dev.isdigit() else dev
+        if not isinstance(key, int) and key not in MEMORY_DEVICES:
+            hint = f" (write {dev.partition(':')[2]}=...)" if dev.startswith("cuda:") else ""
+            raise TargetError(f"--max-memory: device {dev!r} is not a GPU index or one of "
+                              f"{', '.join(MEMORY_DEVICES)}{hint}")
+        if key in out:
+            raise TargetError(f"--max-memory: device {dev!r} is given twice")
+        number = size.rstrip("KMGTiBbkmgt")
+        unit = size[len(number):]
+        if unit[-1:] == "b" and len(unit) > 1:
+            big = unit[0].upper()
+            raise TargetError(f"--max-memory: {dev}={size}: a lower-case 'b' means bits to accelerate ({size} is "
+                              f"an eighth of {number}{big}B); write {number}{big}B or {number}{big}iB")
+        try:
+            n = convert_file_size_to_int(size)
+        except (ValueError, AttributeError) as exc:
+            raise TargetError(f"--max-memory: {dev}={size!r} is not a size (a number with KB/MB/GB or KiB/MiB/GiB, "
+                              "e.g. 70GiB)") from exc
+        if n <= 0:
+            raise TargetError(f"--max-memory: {dev}={size} is not a positive size")
+        out[key] = size
     return out
+
+
+def _check_max_memory(max_memory: dict | None, device_map: str) -> None:
+    """--max-memory steers accelerate's placement (--device-map auto) over devices that exist; anywhere else
+    it would be ignored: refuse rather than drop it. Without a GPU, `auto` is the CPU: said as a warning."""
+    if max_memory is None:
+        return
+    if device_map != "auto":
+        raise TargetError(f"--max-memory applies to --device-map auto (accelerate's placement); with --device-map "
+                          f"{device_map} the whole model goes there and the limits would be ignored")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = sorted(k for k in max_memory if isinstance(k, int))
+    if count == 0:
+        import warnings
+        warnings.warn("--max-memory is not used: this machine has no CUDA device, so --device-map auto loads the "
+                      "whole target on the CPU", stacklevel=3)
+    elif gpus and gpus[-1] >= count:
+        raise TargetError(f"--max-memory names GPU {gpus[-1]}; this machine has GPUs 0..{count - 1}")
+
+
+def _check_weights(folder: Path) -> None:
+    """A target's weights are safetensors: a folder holding only pickles (pytorch_model*.bin) is refused.
+    transformers would read them with torch.load(weights_only=True) (modeling_utils.load_state_dict, after
+    check_torch_load_is_safe); eagle-eval unpickles no target file at all, and says so in one line."""
+    if any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.bin.index.json"))
+    if pickles:
+        raise TargetError(f"{folder}: holds only pickle weights ({', '.join(pickles[:3])}"
+                          f"{', ...' if len(pickles) > 3 else ''}), no .safetensors; eagle-eval never unpickles a "
+                          "target: convert it once where you trust the file (transformers: from_pretrained, then "
+                          "save_pretrained(..., safe_serialization=True))")
 
 
 def device_map_arg(device_map: str):
@@ -245,6 +308,9 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
     from eagle_eval.models.quant.fp8 import resolve_fp8_matmul
 
     folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise TargetError(f"{path}: is a file; the target is a Hugging Face model folder (config.json, weights, "
+                          "tokenizer)")
     if not folder.is_dir():
         raise TargetError(f"{path}: target folder does not exist (eagle-eval reads local folders only, "
                           "never a model hub)")
@@ -254,15 +320,19 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
         raise TargetError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
     dm = device_map_arg(device_map)
     _check_device(device_map)
+    memory = parse_max_memory(max_memory)
+    _check_max_memory(memory, device_map)
     if dm == "auto" and not torch.cuda.is_available():
         dm = {"": "cpu"}
     auto_class = auto_class_name(_check_files(folder, trust_remote_code), trust_remote_code)
+    _check_weights(folder)
     _check_fp8_blocks(folder)
     try:
         model = getattr(transformers, auto_class).from_pretrained(
-            str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=parse_max_memory(max_memory),
+            str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=memory,
             trust_remote_code=trust_remote_code, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError,
+            pickle.UnpicklingError) as exc:
         raise said_by(f"{folder}: transformers ({auto_class}) cannot load the target model", exc, TargetError) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,

@@ -1,8 +1,12 @@
-"""Saved results: load report.json files, check them against their own counts, render and compare them.
+"""Saved results: render and compare them (reading and checking them: results/saved.py).
 
-Contract: nothing here loads a model or torch. `load_result` refuses a report whose rates do not follow
-from its histograms (or whose groups do not add up to the whole), so what `eagle-eval report` prints is
-what the run printed, recomputed from the same counts.
+Contract: nothing here loads a model or torch. `load_result` reads any command's results
+(`saved.read_result`: refused when its numbers do not follow from its counts or its schema version is
+unknown), so what `eagle-eval report` prints is what the command printed, recomputed from the same
+counts, with the load-time findings it printed and the exit status they imply (`results_status`).
+Only like is compared with like: two acceptance results (run, server-check: the oracle's loop), two
+profiles (per num_steps), or a run with a profile's section at the run's num_steps (the profile
+reproduces the loop exactly); settings that differ are named; other pairs say why they are not compared.
 
 Comparison rule (two results A and B; every verify cycle is treated as an independent trial):
 - tau of a group: a cycle's accepted drafts n have mean m = tau - 1 and sample variance
@@ -19,68 +23,23 @@ about 1 comparison in 20 is flagged by chance even when nothing differs.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
-from eagle_eval.errors import UserError
-from eagle_eval.results.acceptance import AcceptanceCounts
+from eagle_eval.results.findings import Finding, render_findings
+from eagle_eval.results.saved import Result, ResultFileError, check_counts, read_result, worst  # noqa: F401
 from eagle_eval.results.tables import fmt, groups, layout
 
 Z95 = 1.959963984540054
 
 
-class ResultFileError(UserError, ValueError):
-    """A results file (report.json, samples) that is missing, not JSON, or not what eagle-eval writes."""
+def load_result(path) -> Result:
+    """Any command's results file or output folder, checked (results/saved.py)."""
+    return read_result(path)
 
 
-@dataclass(frozen=True)
-class Result:
-    label: str          # as given on the command line
-    path: str           # the report.json read
-    report: dict
-
-
-def load_result(path: str | Path) -> Result:
-    """A report.json, or a run folder holding one, checked against its counts."""
-    file = Path(path) / "report.json" if Path(path).is_dir() else Path(path)
-    if not file.is_file():
-        raise ResultFileError(f"{file}: no such report file")
-    try:
-        report = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ResultFileError(f"{file}: not valid JSON ({exc})") from exc
-    check_counts(report, file)
-    return Result(label=str(path), path=str(file), report=report)
-
-
-def _counts(body: dict, path, group: str) -> AcceptanceCounts:
-    try:
-        counts = AcceptanceCounts(len(body["histogram"]) - 1, [int(h) for h in body["histogram"]])
-        same = (body["per_position"] == counts.per_position()
-                and body["summary"]["cycles"] == counts.cycles
-                and body["summary"]["accepted_drafts"] == counts.accepted_drafts
-                and body["summary"]["accept_length"] == counts.tau)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ResultFileError(f"{path}: group {group}: malformed ({type(exc).__name__}: {exc})") from exc
-    if not same:
-        raise ResultFileError(f"{path}: group {group}: 'summary'/'per_position' do not follow from its 'histogram'")
-    return counts
-
-
-def check_counts(report: dict, path) -> None:
-    if not isinstance(report, dict):
-        raise ResultFileError(f"{path}: not an eagle-eval report (a JSON object is expected)")
-    for key in ("config", "summary", "per_position", "histogram"):
-        if key not in report:
-            raise ResultFileError(f"{path}: key '{key}' is missing (not an eagle-eval report.json?)")
-    whole = _counts(report, path, "all")
-    for key in ("by_category", "by_turn"):
-        parts = [_counts(body, path, f"{key}[{name!r}]") for name, body in report.get(key, {}).items()]
-        total = [sum(h) for h in zip(*(p.histogram for p in parts))]
-        if parts and total != whole.histogram:
-            raise ResultFileError(f"{path}: the '{key}' histograms add up to {total}, not to the whole {whole.histogram}")
+def results_status(results: list[Result]) -> int:
+    """The exit status a re-render of these results implies: the worst of theirs (errors.py table)."""
+    return worst(*(r.status for r in results))
 
 
 def tau_se(histogram: list[int]) -> float | None:
@@ -148,8 +107,13 @@ def _sub(x, y):
 
 
 def render_comparison(a: Result, b: Result, markdown: bool = False) -> str:
-    diffs = compare(a.report, b.report)
-    lines = [f"differences B - A   (A = {a.label}, B = {b.label}; * = beyond sampling noise, see below)", ""]
+    return render_bodies(a.label, a.report, b.label, b.report, markdown)
+
+
+def render_bodies(label_a: str, body_a: dict, label_b: str, body_b: dict, markdown: bool = False) -> str:
+    """B - A of two acceptance bodies (a run's report, a profile section): per group and per position."""
+    diffs = compare(body_a, body_b)
+    lines = [f"differences B - A   (A = {label_a}, B = {label_b}; * = beyond sampling noise, see below)", ""]
     rows = [[g, fmt(d["tau_a"]), fmt(d["tau_b"]), _d(d["tau_diff"], d["tau_flag"]),
              "-" if d["tau_ci95"] is None else f"[{d['tau_ci95'][0]:+.3f}, {d['tau_ci95'][1]:+.3f}]"]
             for g, d in diffs.items()]
@@ -164,21 +128,139 @@ def render_comparison(a: Result, b: Result, markdown: bool = False) -> str:
             for g, d in diffs.items() if g != "all"]
     if rows:
         lines += [""] + layout(["group"] + [f"diff u_{i}" for i in range(1, steps + 1)], rows, markdown)
-    lines += ["", "rule: tau flagged when its normal 95% interval (SE from each per-cycle histogram) excludes 0; "
-              "a rate flagged when |z| > 1.96 (two-proportion z-test, pooled). Cycles are treated as "
-              "independent, which understates the noise; expect ~1 flag in 20 by chance."]
+    lines += ["", RULE]
     return "\n".join(lines)
 
 
-def render_results(results: list[Result], markdown: bool = False) -> str:
-    """Each result's table as the run printed it (or Markdown), then B - A when there are two."""
+RULE = ("rule: tau flagged when its normal 95% interval (SE from each per-cycle histogram) excludes 0; "
+        "a rate flagged when |z| > 1.96 (two-proportion z-test, pooled). Cycles are treated as "
+        "independent, which understates the noise; expect ~1 flag in 20 by chance.")
+ACCEPTANCE_KINDS = ("run", "server_check")        # the oracle's loop over a workload: summary, histogram
+SETTINGS = ("num_steps", "topk", "num_draft_tokens", "max_new_tokens", "dtype", "aux_layers", "target", "head",
+            "prompts", "dataset", "categories", "limit")
+
+
+def _setting(cfg: dict, key: str):
+    value = cfg.get(key)
+    if isinstance(value, dict):                        # resolved: target / head / aux_layers carry more
+        value = value.get("path", value.get("hf"))
+    return value
+
+
+def setting_differences(a: dict, b: dict) -> list[str]:
+    """The settings two results were made with that differ, in words (A -> B)."""
+    ca, cb = a.get("config") or {}, b.get("config") or {}
+    return [f"{k} {_setting(ca, k)!r} -> {_setting(cb, k)!r}" for k in SETTINGS if _setting(ca, k) != _setting(cb, k)]
+
+
+def _profile_table(a: Result, b: Result, markdown: bool) -> str:
+    sa, sb = a.report["by_num_steps"], b.report["by_num_steps"]
+    common = sorted(set(sa) & set(sb), key=int)
+    rows = []
+    for s in common:
+        d = compare_group(sa[s], sb[s])
+        rows.append([s, fmt(d["tau_a"]), fmt(d["tau_b"]), _d(d["tau_diff"], d["tau_flag"]),
+                     "-" if d["tau_ci95"] is None else f"[{d['tau_ci95'][0]:+.3f}, {d['tau_ci95'][1]:+.3f}]"])
+    lines = [f"differences B - A per num_steps   (A = {a.label}, B = {b.label}; * = beyond sampling noise)", ""]
+    return "\n".join(lines + layout(["num_steps", "tau A", "tau B", "diff", "95% interval"], rows, markdown)
+                     + ["", RULE])
+
+
+def _profile_section(run: Result, profile: Result) -> tuple[str | None, dict | None]:
+    """(why not, the profile's section) for comparing a run with a profile at the run's num_steps."""
+    rc, pc = run.report["config"], profile.report["config"]
+    s = str(rc.get("num_steps"))
+    if s not in profile.report["by_num_steps"]:
+        return f"the profile has no num_steps {s} (it covers {', '.join(profile.report['by_num_steps'])})", None
+    for key in ("topk", "num_draft_tokens", "max_new_tokens"):
+        section_value = profile.report["by_num_steps"][s].get(key, pc.get(key)) if key == "num_draft_tokens" \
+            else pc.get(key)
+        if key == "num_draft_tokens" and pc.get("topk", 1) == 1:
+            continue
+        if rc.get(key) != section_value:
+            return f"their {key} differ ({rc.get(key)} vs {section_value})", None
+    return None, profile.report["by_num_steps"][s]
+
+
+def comparison(a: Result, b: Result, markdown: bool = False) -> str:
+    """B - A when the two are alike (module docstring), else the reason they are not compared."""
+    kinds = {a.kind, b.kind}
+    if kinds <= set(ACCEPTANCE_KINDS):
+        text = render_comparison(a, b, markdown)
+    elif kinds == {"profile"}:
+        text = _profile_table(a, b, markdown)
+    elif len(kinds) == 2 and "profile" in kinds and kinds - {"profile"} <= set(ACCEPTANCE_KINDS):
+        run, prof = (a, b) if b.kind == "profile" else (b, a)
+        why, section = _profile_section(run, prof)
+        if why:
+            return f"not compared: {run.label} ({run.kind}) and {prof.label} (profile): {why}"
+        s = run.report["config"]["num_steps"]
+        bodies = [(run.label, run.report), (f"{prof.label} at num_steps {s}", section)]
+        if run is b:
+            bodies.reverse()
+        text = render_bodies(*bodies[0], *bodies[1], markdown)
+    else:
+        return (f"not compared: {a.label} is {_a(a.kind)} result and {b.label} {_a(b.kind)} one; eagle-eval "
+                "compares two acceptance results (run, server-check), two profiles, or a run with a profile")
+    notes = setting_differences(a.report, b.report)
+    return text + (f"\nsettings differ (A -> B): {'; '.join(notes)}" if notes else "")
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind.replace('_', '-')}"
+
+
+def _render_run_like(report: dict, markdown: bool) -> str:
     from eagle_eval.results.report import render_table
     from eagle_eval.results.tables import render_markdown
+    return render_markdown(report) if markdown else render_table(report)
 
-    render = render_markdown if markdown else render_table
+
+def _render_server_check(report: dict, markdown: bool) -> str:
+    lines = [_render_run_like(report, markdown), "", f"server-check {report['server']['backend']} "
+             f"{report['server'].get('url') or '(log only)'}: verdict {report['verdict'].upper()}"]
+    return "\n".join(lines + [f"  - {r}" for r in report.get("reasons", [])])
+
+
+def _render_diagnosis(report: dict, markdown: bool) -> str:
+    cfg, aux, rec = report.get("resolved") or {}, report["configured_aux_layers"], report["recommended_aux_layers"]
+    lines = [f"diagnosis of {(cfg.get('head') or {}).get('path', '-')} on {(cfg.get('target') or {}).get('path', '-')}",
+             f"configured aux layers  HF {aux['hf']} = SGLang ids {aux['sglang']} = vLLM ids {aux['vllm']}",
+             f"recommended            HF {rec['hf']} = SGLang ids {rec['sglang']} = vLLM ids {rec['vllm']}", "",
+             "findings", render_findings([Finding.from_dict(f) for f in report["findings"]])]
+    return "\n".join(lines)
+
+
+def _renderers():
+    from eagle_eval.results.report import render_ablation, render_steps_table
+    return {"run": _render_run_like, "server_check": _render_server_check,
+            "profile": lambda r, md: render_steps_table(r), "ablation": lambda r, md: render_ablation(r),
+            "diagnosis": _render_diagnosis}
+
+
+def render_result(result: Result, markdown: bool = False, renderers: dict | None = None) -> str:
+    """One result as its command printed it, its load-time findings, and the exit status they imply.
+    renderers: {kind: fn(report) -> str} from the wings that own a kind (diagnose, servers) to use instead
+    of the plain ones here (results cannot import them)."""
+    own = (renderers or {}).get(result.kind)
+    text = own(result.report) if own is not None else _renderers()[result.kind](result.report, markdown)
+    if markdown and result.kind != "run":
+        text = f"```\n{text}\n```"
+    if result.kind != "diagnosis" and result.findings:
+        text += "\n\nload-time checks\n" + render_findings(result.findings, only_problems=True)
+    if result.status:
+        from eagle_eval.results.findings import decide
+        why = decide(result.findings).message("load-time check") if result.kind != "diagnosis" else ""
+        text += f"\n\nexit status {result.status}" + (f": {why}" if why else f" (as `eagle-eval "
+                                                       f"{result.kind.replace('_', '-')}` gave it)")
+    return text
+
+
+def render_results(results: list[Result], markdown: bool = False, renderers: dict | None = None) -> str:
+    """Each result as its command printed it (or Markdown), then B - A when there are two alike."""
     if len(results) == 1:
-        return render(results[0].report)
-    parts = [f"{'## ' if markdown else '== '}{r.label}\n\n{render(r.report)}" for r in results]
+        return render_result(results[0], markdown, renderers)
+    parts = [f"{'## ' if markdown else '== '}{r.label}\n\n{render_result(r, markdown, renderers)}" for r in results]
     if len(results) == 2:
-        parts.append(render_comparison(results[0], results[1], markdown))
+        parts.append(comparison(results[0], results[1], markdown))
     return "\n\n".join(parts)

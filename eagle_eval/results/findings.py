@@ -4,7 +4,8 @@ Contract: a finding is (severity, code, message[, detail]); `severity` is `info`
 `undecided` (a check that could not tell: never reported as fine) or `error`; `code` is a stable
 kebab-case identifier tests and scripts can match; `message` is one line that says what was
 measured and why it matters. `exit_status` is 1 when any finding is an error (every mismatch is
-reported as an error), else 3 when one is undecided, else 0 (errors.ExitCode).
+reported as an error), else 3 when one is undecided, else 0 (errors.ExitCode); `decide` adds the
+codes behind it (what `eagle-eval report` says when a re-render fails).
 """
 
 from __future__ import annotations
@@ -81,6 +82,34 @@ def exit_status(findings: list[Finding]) -> int:
     if any(f.severity == "error" for f in findings):
         return 1
     return 3 if any(f.severity == "undecided" for f in findings) else 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The exit status a list of findings implies (`exit_status`) and the codes that set it."""
+    status: int                       # errors.ExitCode: OK, FAILED or UNDECIDED
+    failing: tuple[str, ...] = ()     # codes of the error-level findings
+    undecided: tuple[str, ...] = ()   # codes of the undecided ones
+
+    def message(self, what: str = "check") -> str:
+        """One line: which findings set the status ('' when it is 0)."""
+        if self.failing:
+            return f"{len(self.failing)} {what}(s) failed: {', '.join(self.failing)}"
+        if self.undecided:
+            return f"{len(self.undecided)} {what}(s) could not decide: {', '.join(self.undecided)}"
+        return ""
+
+
+def decide(findings) -> Decision:
+    """Findings (or their dicts, as a report stores them) -> `exit_status` and the codes behind it.
+
+    >>> decide([info("a", ""), warning("b", "")]).status, decide([undecided("c", ""), error("d", "")])
+    (0, Decision(status=1, failing=('d',), undecided=('c',)))
+    """
+    found = [f if isinstance(f, Finding) else Finding.from_dict(f) for f in findings]
+    failing = tuple(dict.fromkeys(f.code for f in found if f.severity == "error"))
+    open_ = tuple(dict.fromkeys(f.code for f in found if f.severity == "undecided"))
+    return Decision(exit_status(found), failing, open_)
 
 
 def render_findings(findings: list[Finding], only_problems: bool = False) -> str:

@@ -310,8 +310,16 @@ def render_ablation(result: dict) -> str:
         extra = (f", {v['best_num_steps_server']} with server step times" if v.get("best_num_steps_server") else "")
         lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup "
                      f"{v['best_speedup_model']:.3f}){extra}")
-    b = result["best"]
-    lines.append(f"best overall: {b['variant']} num_steps={b['num_steps']} topk={b['topk']} "
-                 f"num_draft_tokens={b['num_draft_tokens']} (modelled speedup {b['speedup_model']:.3f})")
+        if v.get("advice"):                    # results/advice.py: decided from repeated timings
+            lines.append(f"  advice: {v['advice']['message']}")
+    advice = result.get("advice")
+    if advice:
+        lines.append(f"overall: {advice['message']}")
+        lines += [f"WARNING: {w}" for w in advice.get("impossible", [])]
+        lines.append(f"({advice['rule']})")
+    else:
+        b = result["best"]
+        lines.append(f"best overall: {b['variant']} num_steps={b['num_steps']} topk={b['topk']} "
+                     f"num_draft_tokens={b['num_draft_tokens']} (modelled speedup {b['speedup_model']:.3f})")
     lines += [f"WARNING: {w}" for w in result.get("warnings", [])]
     return "\n".join(lines)

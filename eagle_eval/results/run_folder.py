@@ -3,8 +3,9 @@
 Contract: `open_run_folder(path, command, config, inputs, resume=, overwrite=)` returns a `RunFolder`
 holding an exclusive `fcntl.flock` on `<folder>/.eagle-eval.lock` for as long as the run writes there
 (a second writer gets a `RunFolderError` at once). The owner file `eagle_eval_run.json` records the
-command, its configuration and the sha256 of every input's contents (files, or every file of a folder),
-never the inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
+command, its configuration and a fingerprint of every input's contents (files, or every file of a
+folder; sampled unless `full_fingerprint`, what it covers recorded: results/fingerprints.py), never the
+inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
 were replaced in place is refused and the same folder spelled with a trailing slash is accepted.
 A folder owned by another command or configuration is refused without touching a byte of it, unless
 resuming (same owner, same fingerprints) or `overwrite` (the old run's files are removed first).
@@ -14,12 +15,15 @@ still holds those bytes (`_removable`). Anything else (a name that climbs out or
 folder, a file changed since, an entry of an older owner file with no fingerprint) makes the overwrite
 refuse with the entries named, before anything is removed. Whole files go through `write_atomic`
 (temporary file, then rename, with the permissions an ordinary file would get); rows through
-`append_row` (flushed, the fingerprint carried forward). This module knows nothing about models;
+`append_row` (flushed, the fingerprint carried forward). Every OSError of the folder (a read-only or
+full file system, a symbolic link loop, no permission) becomes a `RunFolderError` naming the folder
+and the cause (`os_cause`); nothing of it is a traceback. This module knows nothing about models;
 torch is not imported.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -27,48 +31,61 @@ import os
 import stat
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from eagle_eval.errors import UserError
+from eagle_eval.results.fingerprints import file_digest, fingerprint, same_contents  # noqa: F401 (fingerprint re-exported)
 
 OWNER_FILE = "eagle_eval_run.json"
 LOCK_FILE = ".eagle-eval.lock"
-OWNER_SCHEMA = 2              # 2: "files" maps each name to the sha256 and size of what was written
+OWNER_SCHEMA = 3              # 2: "files" maps each name to the sha256 and size of what was written;
+#                               3: each input's fingerprint says its method and what it covers (fingerprints.py)
 # names older eagle-eval versions wrote: such a folder is recognised as eagle-eval's (never resumed)
 KNOWN_FILES = frozenset({"report.json", "samples.jsonl", "run_config.json", "acceptance.csv", "profile.json",
                          "ablation.json", "ablation.csv", "ablation.png", "diagnosis.json", "server_check.json"})
 _CHUNK = 16 << 20
-_hash_cache: dict[tuple, str] = {}
 
 
 class RunFolderError(UserError, ValueError):
     """An output folder that this run may not write to; the message names the folder and what to do."""
 
 
+# the causes a user can fix, in words (the others: the system's own strerror)
+_CAUSES = {errno.EROFS: "read-only file system", errno.ENOSPC: "no space left on device",
+           errno.EDQUOT: "disk quota exceeded", errno.ELOOP: "too many levels of symbolic links (a link loop?)",
+           errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+           errno.ENOTDIR: "a part of the path is a file, not a folder", errno.ENAMETOOLONG: "file name too long",
+           errno.EISDIR: "is a folder"}
+
+
+def os_cause(exc: OSError) -> str:
+    """'no space left on device at /out/samples.jsonl': what the system said, in words, and where."""
+    said = _CAUSES.get(exc.errno) or exc.strerror or type(exc).__name__
+    return f"{said} at {exc.filename}" if exc.filename else said
+
+
+@contextmanager
+def _os_errors(prefix: str, hint: str = ""):
+    """OSError -> RunFolderError(f"{prefix} ({cause}){hint}"); our own errors pass through."""
+    try:
+        yield
+    except RunFolderError:
+        raise
+    except OSError as exc:
+        raise RunFolderError(f"{prefix} ({os_cause(exc)}){hint}") from exc
+
+
 def file_sha256(path: Path) -> str:
-    """sha256 of a file's contents, read in chunks; cached per process by (path, size, mtime)."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _hash_cache:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                h.update(chunk)
-        _hash_cache[key] = h.hexdigest()
-    return _hash_cache[key]
+    """sha256 of every byte of a file (fingerprints.file_digest, full; cached per process)."""
+    return file_digest(Path(path), full=True)
 
 
-def fingerprint(path: str | Path) -> dict:
-    """{"kind": "file", "sha256"} or {"kind": "folder", "files": {relative name: sha256}} (hidden
-    files skipped); a path that does not exist is {"kind": "missing"} (the loader will say so)."""
-    p = Path(path)
-    if p.is_file():
-        return {"kind": "file", "sha256": file_sha256(p)}
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file()
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
-        return {"kind": "folder", "files": {str(f.relative_to(p)): file_sha256(f) for f in files}}
-    return {"kind": "missing"}
+def _input_fingerprint(name: str, path, full: bool = False) -> dict:
+    """fingerprint(path) (sampled unless `full`, results/fingerprints.py), an unreadable input said as one
+    line naming its option."""
+    with _os_errors(f"--{name.replace('_', '-')} {path}: cannot be read"):
+        return fingerprint(path, full=full)
 
 
 def fingerprint_value(value) -> str:
@@ -86,21 +103,27 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
     """Write a whole file (text or bytes): temporary file in the same folder, then rename; a crash never
     leaves half of it."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode())             # mkstemp makes 0600; match the folder's other files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _os_errors(f"{path}: cannot be written"):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, _file_mode())             # mkstemp makes 0600; match the folder's other files
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def write_json_atomic(path: str | Path, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def _input_same(name: str, before: dict | None, now: dict) -> bool:
+    with _os_errors(f"--{name.replace('_', '-')} {now['path']}: cannot be read"):
+        return same_contents(before, now["path"], now["fingerprint"])
 
 
 def _differences(owner: dict, command: str, config: dict, inputs: dict, ignore: tuple) -> list[str]:
@@ -112,7 +135,7 @@ def _differences(owner: dict, command: str, config: dict, inputs: dict, ignore: 
            if k not in ignore and k not in inputs and saved.get(k) != v]
     for name, now in inputs.items():
         before = (owner.get("inputs") or {}).get(name)
-        if before is None or before.get("fingerprint") != now["fingerprint"]:
+        if before is None or not _input_same(name, before.get("fingerprint"), now):
             out.append(f"--{name.replace('_', '-')} {now['path']}: its contents differ from those the run "
                        f"started with ({(before or {}).get('path')})")
     return out
@@ -139,29 +162,32 @@ class RunFolder:
     def write_with(self, name: str, writer) -> None:
         """A file made by another writer (a CSV, a plot): `writer(path)` writes a temporary file in the
         folder, which is then renamed into place and fingerprinted as this run's."""
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}-", suffix=".tmp")
-        os.close(fd)
-        try:
-            writer(Path(tmp))
-            os.chmod(tmp, _file_mode())
-            os.replace(tmp, self.path / name)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        self._appending.pop(name, None)
-        self._record(name, _file_fingerprint(self.path / name))
+        with _os_errors(f"--output-dir {self.path}: cannot write {name}"):
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}-", suffix=".tmp")
+            os.close(fd)
+            try:
+                writer(Path(tmp))
+                os.chmod(tmp, _file_mode())
+                os.replace(tmp, self.path / name)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            self._appending.pop(name, None)
+            self._record(name, _file_fingerprint(self.path / name))
 
     def append_row(self, name: str, row: dict) -> None:
         """Append one JSONL row and flush it, so an interrupted run keeps every finished row; the owner
         file then records the longer file's fingerprint (a crash in between leaves one unrecorded row,
         which `_removable` accepts)."""
         line = (json.dumps(row) + "\n").encode()
-        if name not in self._appending:
-            self._appending[name] = _running_hash(self.path / name, self.owner["files"].get(name))
-        h = self._appending[name]
-        with open(self.path / name, "ab") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        with _os_errors(f"--output-dir {self.path}: cannot append to {name}",
+                        "; the rows written before are kept: free the cause, then continue with --resume"):
+            if name not in self._appending:
+                self._appending[name] = _running_hash(self.path / name, self.owner["files"].get(name))
+            h = self._appending[name]
+            with open(self.path / name, "ab") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
         h.update(line)
         size = (self.owner["files"].get(name) or {}).get("size", 0) + len(line)
         self._record(name, {"sha256": h.hexdigest(), "size": size})
@@ -199,7 +225,8 @@ class RunFolder:
         self._save()
 
     def _save(self) -> None:
-        write_json_atomic(self.path / OWNER_FILE, self.owner)
+        with _os_errors(f"--output-dir {self.path}: cannot write {OWNER_FILE}"):
+            write_json_atomic(self.path / OWNER_FILE, self.owner)
 
 
 def _content_fingerprint(data: bytes) -> dict:
@@ -303,6 +330,12 @@ def _is_json(line: bytes) -> bool:
 def _check(folder: Path, command: str, config: dict, inputs: dict, resume: bool, overwrite: bool,
            ignore: tuple, locked: bool = False) -> dict | None:
     """Refuse what this run may not do to the folder; returns its owner (None: new or to be replaced)."""
+    if os.path.islink(folder) and not folder.exists():
+        try:
+            os.stat(folder)
+        except OSError as exc:
+            raise RunFolderError(f"--output-dir {folder}: a symbolic link that leads to no folder "
+                                 f"({os_cause(exc)})") from exc
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"--output-dir {folder}: is a file, not a folder")
     if not folder.is_dir():
@@ -399,26 +432,30 @@ def _clear(folder: Path, owner: dict | None) -> None:
 
 
 def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[str, str | None],
-                    resume: bool = False, overwrite: bool = False, ignore: tuple = ()) -> RunFolder:
+                    resume: bool = False, overwrite: bool = False, ignore: tuple = (),
+                    full_fingerprint: bool = False) -> RunFolder:
     """Take the output folder for `command` (see the module docstring).
 
     config: the command's settings (JSON values); inputs: {config key: path} of every file or folder
-    read (None = not given), compared by contents instead of by spelling; ignore: config keys a
-    resumed run may change (e.g. --limit)."""
+    read (None = not given), compared by contents instead of by spelling (sampled, or every byte with
+    `full_fingerprint`: results/fingerprints.py); ignore: config keys a resumed run may change (e.g. --limit)."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
     folder = Path(path)
-    given = {k: {"path": str(v), "fingerprint": fingerprint(v)} for k, v in inputs.items() if v is not None}
-    _check(folder, command, config, given, resume, overwrite, ignore)     # refuse before touching anything
-    try:
+    given = {k: {"path": str(v), "fingerprint": _input_fingerprint(k, v, full_fingerprint)}
+             for k, v in inputs.items() if v is not None}
+    with _os_errors(f"--output-dir {folder}: cannot be used"):
+        _check(folder, command, config, given, resume, overwrite, ignore)     # refuse before touching anything
+    with _os_errors(f"--output-dir {folder}: cannot be created"):
         folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError, PermissionError) as exc:
-        raise RunFolderError(f"--output-dir {folder}: cannot be created ({exc.strerror or exc})") from exc
-    fd = _lock(folder)
+    with _os_errors(f"--output-dir {folder}: cannot be locked"):
+        fd = _lock(folder)
     try:
-        owner = _check(folder, command, config, given, resume, overwrite, ignore, locked=True)   # again, locked
+        with _os_errors(f"--output-dir {folder}: cannot be used"):
+            owner = _check(folder, command, config, given, resume, overwrite, ignore, locked=True)   # again, locked
+            if owner is None:
+                _clear(folder, _safe_owner(folder))
         if owner is None:
-            _clear(folder, _safe_owner(folder))
             owner = {"schema_version": OWNER_SCHEMA, "command": command, "status": "running",
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": config, "inputs": given,
                      "files": {}}

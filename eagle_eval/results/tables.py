@@ -28,7 +28,10 @@ TEXT_COLUMNS = ("result", "group", "subset")
 
 
 def groups(report: dict) -> list[tuple[str, dict]]:
-    """[(group name, {summary, per_position, histogram})], `all` first."""
+    """[(group name, {summary, per_position, histogram})], `all` first; a profile: one group per
+    num_steps (`num_steps:S`)."""
+    if "by_num_steps" in report and "summary" not in report:
+        return [(f"num_steps:{s}", body) for s, body in sorted(report["by_num_steps"].items(), key=lambda kv: int(kv[0]))]
     out = [("all", report)]
     out += [(f"category:{k}", v) for k, v in report.get("by_category", {}).items()]
     out += [(f"turn:{k}", v) for k, v in report.get("by_turn", {}).items()]
@@ -96,10 +99,20 @@ def render_markdown(report: dict) -> str:
 
 
 def csv_rows(report: dict, result: str | None = None) -> list[dict]:
-    """One row per group of one report."""
-    drafted_per_cycle = report["config"]["num_draft_tokens"] - 1
+    """One row per group of one report (run, server-check) or per num_steps of a profile; other results
+    (an ablation, a diagnosis) hold no acceptance table: a UserError says so."""
+    from eagle_eval.errors import UserError
+
+    if "summary" not in report and "by_num_steps" not in report:
+        raise UserError(f"--csv: {result or 'the result'} holds no acceptance table (a run, profile or server-check "
+                        "result is needed; `eagle-eval ablate` writes its own ablation.csv)")
+    cfg = report["config"]
     rows = []
     for group, body in groups(report):
+        if group.startswith("num_steps:"):           # a profile section: S drafts per chain, D - 1 per tree
+            drafted_per_cycle = (body.get("num_draft_tokens") or int(group.split(":")[1]) + 1) - 1
+        else:
+            drafted_per_cycle = cfg["num_draft_tokens"] - 1
         s, pp = body["summary"], body["per_position"]
         row = {"result": result} if result is not None else {}
         row.update(group=group, subset=group.split(":", 1)[-1] if group.startswith("category:") else group,

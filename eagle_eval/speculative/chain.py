@@ -13,16 +13,19 @@ greedy by default).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from eagle_eval.models.capture import FeatureCapture
-from eagle_eval.models.heads.protocol import DraftHead
 from eagle_eval.models.target import Target
 from eagle_eval.speculative.draft import DraftState, EmbedFn
 from eagle_eval.speculative.policy import GREEDY, DecodePolicy
 from eagle_eval.speculative.tree import select_tree
 from eagle_eval.speculative.verify import verify_chain, verify_tree
+
+if TYPE_CHECKING:                     # annotations only: the protocol costs the loop no import
+    from eagle_eval.models.heads.protocol import DraftHead
 
 
 @dataclass

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from eagle_eval.models.heads.llama import DraftCache
-from eagle_eval.models.heads.protocol import DraftHead
 from eagle_eval.speculative.tree import Pool, stable_top
+
+if TYPE_CHECKING:                     # annotations only: the protocol costs the loop no import
+    from eagle_eval.models.heads.protocol import DraftHead
 
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]   # token ids [B, T] -> embeddings [B, T, H]
 

@@ -15,6 +15,7 @@ verify forward checks drafts beyond the cut, and their acceptance counts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -107,9 +108,11 @@ def tree_run_lengths(pools: TreePools, next_tokens: torch.Tensor, num_steps: int
 
 @torch.no_grad()
 def greedy_continuations(spec: Speculator, prompts: list[list[int]], num_tokens: int, pad_id: int,
-                         batch_tokens: int) -> list[list[int]]:
+                         batch_tokens: int, progress: Callable[[int], None] | None = None) -> list[list[int]]:
     """Greedy continuations of `num_tokens` tokens, NOT stopped at EOS, in left-padded batches
-    (explicit position ids and attention mask, so padding never changes a row's tokens)."""
+    (explicit position ids and attention mask, so padding never changes a row's tokens).
+    progress(n): called with the tokens each decode step generated (len(prompts) * num_tokens in all),
+    for the caller's bar."""
     target = spec.target
     out = [None] * len(prompts)
     for batch in _batches(prompts, num_tokens, batch_tokens):
@@ -123,12 +126,16 @@ def greedy_continuations(spec: Speculator, prompts: list[list[int]], num_tokens:
         cache = target.new_cache()
         nxt = target.forward(ids, cache, position_ids=pos, attention_mask=mask)[:, -1].argmax(-1).cpu()
         tokens = [nxt]
+        if progress is not None:
+            progress(len(batch))
         for _ in range(num_tokens - 1):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = pos[:, -1:] + 1
             logits = target.forward(nxt[:, None], cache, position_ids=pos, attention_mask=mask)
             nxt = logits[:, -1].argmax(-1).cpu()
             tokens.append(nxt)
+            if progress is not None:
+                progress(len(batch))
         block = torch.stack(tokens, dim=1)                     # [B, num_tokens]
         for row, i in enumerate(batch):
             out[i] = block[row].tolist()

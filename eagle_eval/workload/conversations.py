@@ -45,6 +45,13 @@ class Workload:
     def sample_prompt(self) -> Prompt:
         return self.first_prompts[0]
 
+    def expected_rows(self) -> dict[str, dict]:
+        """{sample id: {category, turn, prompt_len}} of every row this workload writes, in order; the
+        prompt length is known up front for first turns only (later turns hold the earlier answers)."""
+        first = {p.id: len(p.input_ids) for p in self.first_prompts}
+        return {sample_id(q, t): {"category": q.category, "turn": t, "prompt_len": first.get(sample_id(q, t))}
+                for q in self.questions for t in range(1, max(1, len(q.turns)) + 1)}
+
 
 def sample_id(question: Question, turn: int) -> str:
     return f"{question.id}/turn{turn}" if len(question.turns) > 1 else question.id
@@ -82,6 +89,9 @@ def _read(config: WorkloadSettings) -> tuple[list[Question], str, dict]:
 
 
 def _existing(path: str) -> Path:
+    if Path(path).is_dir():
+        raise DataError(f"{path}: is a folder; --prompts is a JSONL file (a benchmark folder saved with "
+                        "save_to_disk goes to --dataset)")
     if not Path(path).is_file():
         raise DataError(f"{path}: prompts file does not exist")
     return Path(path)

@@ -18,8 +18,8 @@ def tokenize_row(row: dict, tokenizer, where: str, fmt) -> tuple[list[int], str 
     """fmt: the templates.PromptFormat that renders `messages` rows."""
     if "input_ids" in row:
         ids = row["input_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-            raise DataError(f"{where}: key 'input_ids' must be a non-empty list of integers")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise DataError(f"{where}: key 'input_ids' must be a non-empty list of integers (true is not a token id)")
         return ids, None
     if "messages" in row:
         msgs = row["messages"]

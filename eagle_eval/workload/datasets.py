@@ -166,28 +166,46 @@ def _sharegpt_turns(row: dict, where: str) -> tuple[str, ...]:
     return turns
 
 
+def _category(row: dict, where: str, default: str) -> str:
+    """The row's `category` (a non-empty string; a list or a number is not coerced), else `default`."""
+    value = row.get("category")
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}: key 'category' = {json.dumps(value)[:40]}: expected a non-empty string")
+    return value
+
+
+def _id(row: dict, key: str, where: str, default) -> str:
+    """The row's id under `key`: a string or an integer (MT-Bench's question_id), said as a string; true,
+    1.0, a list or an object are refused rather than turned into text."""
+    value = row.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or (isinstance(value, str) and not value):
+        raise DataError(f"{where}: key '{key}' = {json.dumps(value)[:40]}: expected a string or an integer id")
+    return str(value)
+
+
 def to_question(fmt: str, row: dict, index: int, where: str) -> Question:
     """One row of a format -> Question (index is the 1-based row number, the id when there is none)."""
-    category = str(row["category"]) if row.get("category") is not None else fmt
+    category = _category(row, where, fmt)
     if fmt in ("mt_bench", "spec_bench"):
         if "question_id" not in row:
             raise DataError(f"{where}: key 'question_id' is missing")
-        return Question(str(row["question_id"]), category, _turns(row, where), where)
+        return Question(_id(row, "question_id", where, None), category, _turns(row, where), where)
     if fmt == "gsm8k":
-        return Question(str(row.get("id", index)), category, (_text(row, "question", where),), where)
+        return Question(_id(row, "id", where, index), category, (_text(row, "question", where),), where)
     if fmt == "humaneval":
-        qid = str(row.get("task_id", index))
+        qid = _id(row, "task_id", where, index)
         return Question(qid, category, (_text(row, "prompt", where),), where)
     if fmt == "alpaca":
         text = _text(row, "instruction", where)
         extra = row.get("input")
         if extra is not None and not isinstance(extra, str):
             raise DataError(f"{where}: key 'input' must be a string")
-        return Question(str(row.get("id", index)), category, (f"{text}\n\n{extra}" if extra else text,), where)
+        return Question(_id(row, "id", where, index), category, (f"{text}\n\n{extra}" if extra else text,), where)
     if fmt == "sharegpt":
-        return Question(str(row.get("id", index)), category, _sharegpt_turns(row, where), where)
-    plain = str(row["category"]) if row.get("category") is not None else "default"
-    return Question(str(row.get("id", f"row-{index}")), plain, (), where, row=row)
+        return Question(_id(row, "id", where, index), category, _sharegpt_turns(row, where), where)
+    return Question(_id(row, "id", where, f"row-{index}"), _category(row, where, "default"), (), where, row=row)
 
 
 def read_questions(path: str | Path, fmt: str | None = None) -> tuple[list[Question], str, Table]:

@@ -35,9 +35,16 @@ class PromptFormat:
             return cls(None, NO_TEMPLATE_GIVEN, system_prompt, None)
         if chat_template is not None:
             path = Path(chat_template)
+            if path.is_dir():
+                raise ConfigError(f"--chat-template {chat_template}: is a folder, a Jinja template file was expected")
             if not path.is_file():
                 raise ConfigError(f"--chat-template {chat_template}: file does not exist")
-            return cls(path.read_text(), str(path), system_prompt, enable_thinking)
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"--chat-template {chat_template}: not a UTF-8 text file ({exc.reason} at byte "
+                                  f"{exc.start}); a Jinja template was expected") from exc
+            return cls(text, str(path), system_prompt, enable_thinking)
         if getattr(tokenizer, "chat_template", None):
             return cls(tokenizer.get_chat_template(), "tokenizer", system_prompt, enable_thinking)
         return cls(None, NO_TEMPLATE_IN_TOKENIZER, system_prompt, None)

@@ -4,7 +4,7 @@ Contract: `load_findings` looks only at weights and configs (no decoding; a few 
 statistics), so `load_oracle` runs it for every command and `run` prints it. It returns `Finding`s:
 an lm_head / own embed_tokens that looks untrained (a fresh PyTorch or Hugging Face init, i.i.d.
 numbers with no trained structure, collapsed rows), d2t/t2d consistency and the identity d2t on a
-reduced vocab, RoPE base / scaling / max positions of the draft vs the target, dialect flags and which
+reduced vocab, NaN/inf in any draft tensor, RoPE base / scaling / max positions of the draft vs the target, dialect flags and which
 engine reads which aux-id key, dtypes; head variants and the config-key audit in models/checks/variants.py;
 for an MLA head, models/checks/mla.py. `coverage_finding` needs the target's greedy tokens and is
 called by `diagnose`. A check that cannot run on an unusual model becomes an info finding, never a
@@ -280,13 +280,19 @@ def dialect_findings(loaded, raw: dict) -> list[Finding]:
     return out
 
 
+# safetensors' integer dtype names, said as torch says them
+_INT_NAMES = {"i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16",
+              "u32": "uint32", "u64": "uint64"}
+
+
 def stored_dtypes(weights_file: str) -> dict[str, str]:
     """Tensor name -> dtype as stored in a weights file (safetensors: from the header alone)."""
     path = Path(weights_file)
     if path.suffix == ".safetensors":
         with open(path, "rb") as f:
             header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        return {k: v["dtype"].lower() for k, v in header.items() if k != "__metadata__"}
+        return {k: _INT_NAMES.get(v["dtype"].lower(), v["dtype"].lower()) for k, v in header.items()
+                if k != "__metadata__"}
     tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     return {k: str(t.dtype).replace("torch.", "") for k, t in tensors.items()}
 
@@ -296,15 +302,37 @@ _SHORT = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "f16": "fp16", 
 
 
 def dtype_findings(weights_file: str, run_dtype: str, target_cfg) -> list[Finding]:
-    stored = sorted({_SHORT[d] for d in stored_dtypes(weights_file).values() if d in _SHORT})
+    """Stored dtypes of the draft's weights (the vocab map named apart) against the target's and the run's;
+    a weight stored in a non-float type is an error (models/heads/io.check_dtype refuses it at load)."""
+    dtypes = stored_dtypes(weights_file)
+    weights = {k: d for k, d in dtypes.items() if k not in ("d2t", "t2d")}
+    not_float = sorted(k for k, d in weights.items() if d not in _SHORT)
+    if not_float:
+        return [error("dtype-not-float", f"draft weight(s) {not_float[:3]} stored as {weights[not_float[0]]}: "
+                                         "a draft weight must be fp16, bf16, fp32 or fp64")]
+    stored = sorted({_SHORT[d] for d in weights.values()})
+    vocab_map = ", ".join(f"{k} {dtypes[k]}" for k in ("d2t", "t2d") if k in dtypes)
     tdtype = getattr(target_cfg, "dtype", None) or getattr(target_cfg, "torch_dtype", None)
     target_stored = _SHORT.get(str(tdtype).replace("torch.", ""), str(tdtype))
-    msg = f"draft weights stored {'/'.join(stored)}, target stored {target_stored}, run in {run_dtype}"
+    msg = (f"draft weights stored {'/'.join(stored)}{f' ({vocab_map})' if vocab_map else ''}, target stored "
+           f"{target_stored}, run in {run_dtype}")
     if run_dtype == "fp16" and "bf16" in stored + [target_stored]:
         return [warning("dtype", msg + ": bf16 weights run in fp16 can overflow (the engines serve bf16)")]
     if len(stored) > 1:
         return [info("dtype", msg + " (mixed dtypes in the draft file)")]
     return [info("dtype", msg)]
+
+
+@torch.no_grad()
+def finite_findings(head, checked_apart=("lm_head.weight", "embed_tokens.weight")) -> list[Finding]:
+    """An error naming every floating tensor of the head that holds NaN or inf (the lm_head and own
+    embed_tokens are `matrix_findings`' and left out here): such a head drafts garbage."""
+    bad = [name for name, t in head.state_dict().items()
+           if name not in checked_apart and t.dtype.is_floating_point and not bool(torch.isfinite(t).all())]
+    if bad:
+        return [error("weights-not-finite", f"draft tensor(s) {', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''} "
+                                            "hold NaN or inf values: every draft is garbage", tensors=bad)]
+    return [info("weights-finite", "every draft tensor is finite")]
 
 
 def load_findings(target, loaded, aux, cli_aux_ids, embedding: str, cache: dict | None = None) -> list[Finding]:
@@ -323,7 +351,7 @@ def load_findings(target, loaded, aux, cli_aux_ids, embedding: str, cache: dict 
         out += guarded("embed_tokens", own_table_findings, head.embed_tokens.weight, target.input_embeddings.weight,
                        embedding)
     out.append(info("embedding", f"draft token embeddings: {embedding}"))
-    out += cache["vocab-map"] + cache["rope"]
+    out += cache["weights-finite"] + cache["vocab-map"] + cache["rope"]
     out += guarded("aux-ids", aux_id_findings, raw, target.num_layers, aux, cli_aux_ids,
                    sglang_deepseek_family(target.model.config))
     out += cache["dialect"] + cache["dtype"]
@@ -347,6 +375,7 @@ def _weight_findings(target, loaded, raw: dict) -> dict[str, list[Finding]]:
                            if head.embed_tokens is not None else [])
     out["vocab-map"] = guarded("vocab-map", lambda: vocab_map_findings(head.d2t, head.t2d,
                                                                        "t2d" in stored_dtypes(loaded.weights_file)))
+    out["weights-finite"] = guarded("weights-finite", finite_findings, head)
     out["rope"] = guarded("rope", rope_findings, head.config, raw, tcfg)
     out["dialect"] = guarded("dialect", dialect_findings, loaded, raw)
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))

@@ -15,6 +15,8 @@ and `CONSUMED_KEYS` lists every key it reads (models/heads/keys.py audits the re
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,22 +134,61 @@ CONSUMED_KEYS = {
 }
 
 
-def _need(cfg: dict, key: str, where: Path, default=None):
-    if key in cfg and cfg[key] is not None:
-        return cfg[key]
-    if default is not None:
+REQUIRED = object()
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)          # JSON true is not 1 here
+
+
+# kind -> (test, what was expected); JSON null counts as "not given" for every kind
+KINDS = {
+    "size": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "int": (_is_int, "an integer"),
+    "number": (lambda v: (_is_int(v) or isinstance(v, float)) and math.isfinite(v) and v > 0, "a positive number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "ids": (lambda v: isinstance(v, list) and all(_is_int(i) for i in v), "a list of integer layer ids"),
+    "names": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of strings"),
+}
+
+
+def read_key(cfg: dict, key: str, where: Path, kind: str, default=REQUIRED, section: str = ""):
+    """cfg[key] checked against `kind` (KINDS), never coerced: a string where a size is expected, `true`
+    as an integer or a list where a string is expected is a CheckpointError naming the file and the key
+    (`section` is its parent, e.g. 'eagle_config.'). Absent or null: `default`, or missing when required."""
+    value = cfg.get(key)
+    if value is None:
+        if default is REQUIRED:
+            raise CheckpointError(f"{where}: missing key {section}{key!r} (needed to build the draft head)")
         return default
-    raise CheckpointError(f"{where}: missing key {key!r} (needed to build the draft head)")
+    test, expected = KINDS[kind]
+    if not test(value):
+        raise CheckpointError(f"{where}: key {section}{key!r} = {json.dumps(value)[:60]}: expected {expected}")
+    return value
+
+
+def _need(cfg: dict, key: str, where: Path, default=None, kind: str = "size", section: str = ""):
+    """A required key (or one with a default), a positive integer unless `kind` says otherwise."""
+    return read_key(cfg, key, where, kind, REQUIRED if default is None else default, section)
 
 
 def _flag(top: dict, eagle_cfg: dict, key: str, where: Path) -> bool:
     """A variant flag read where the engines read it: nested eagle_config first (NVIDIA exports, vLLM
-    PR #42143), else the top level (speculators, vLLM `getattr(config, key)`); both must agree."""
-    nested, flat = eagle_cfg.get(key), top.get(key)
-    if nested is not None and flat is not None and bool(nested) != bool(flat):
+    PR #42143), else the top level (speculators, vLLM `getattr(config, key)`); both must agree. true or
+    false only: a string "false" is not read as true."""
+    nested = read_key(eagle_cfg, key, where, "bool", None, "eagle_config.")
+    flat = read_key(top, key, where, "bool", None)
+    if nested is not None and flat is not None and nested != flat:
         raise CheckpointError(f"{where}: key {key!r} = {flat!r} at the top level but eagle_config.{key} = "
                               f"{nested!r}: the engines read different values")
     return bool(nested if nested is not None else flat)
+
+
+def _section(cfg: dict, key: str, where: Path) -> dict:
+    """A nested object (eagle_config, transformer_layer_config, rope_parameters) or {} when absent."""
+    return read_key(cfg, key, where, "object", {})
 
 
 # A LlamaForCausalLMEagle3 head whose config names the DeepSeek-V3-family target's config class: SpecForge
@@ -168,16 +209,16 @@ def model_type_note(config: dict, dialect: str, config_file: Path) -> list[str]:
             "head has no MLA: unchecked whether a vLLM version treats such a draft as MLA"]
 
 
-def _check_supported(layer: dict, where: Path, speculators: bool = False) -> None:
+def _check_supported(layer: dict, where: Path, speculators: bool = False, section: str = "") -> None:
     """Values of consumed keys that select math this head does not implement."""
-    layers = layer.get("num_hidden_layers", 1)
-    if layers not in (None, 1):
+    layers = read_key(layer, "num_hidden_layers", where, "size", 1, section)
+    if layers != 1:
         raise CheckpointError(f"{where}: key 'num_hidden_layers' = {layers!r}; eagle-eval's head has one decoder "
                               "layer (SGLang llama_eagle3.py LlamaModel adds BasicDecoderLayers for more)")
-    if layer.get("tie_word_embeddings"):
+    if read_key(layer, "tie_word_embeddings", where, "bool", False, section):
         raise CheckpointError(f"{where}: key 'tie_word_embeddings' = true: SGLang (LlamaForCausalLMEagle3.__init__) "
                               "then uses embed_tokens [V, H] as the draft lm_head; not supported")
-    model_type = layer.get("model_type", "llama")
+    model_type = read_key(layer, "model_type", where, "str", "llama", section)
     if model_type in DEEPSEEK_CONFIG_TYPES and not speculators:
         return                       # a Llama-style head in the target's config class: see DEEPSEEK_CONFIG_TYPES
     if model_type not in ("llama", None):
@@ -186,40 +227,58 @@ def _check_supported(layer: dict, where: Path, speculators: bool = False) -> Non
                               "intermediate_size_mlp for llama4_text)")
 
 
+def rope_settings(layer: dict, where: Path, section: str = "") -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) from rope_theta / rope_scaling, or transformers 5's rope_parameters."""
+    rope = _section(layer, "rope_parameters", where)
+    scaling = read_key(layer, "rope_scaling", where, "object", None, section) or None
+    if scaling is None and read_key(rope, "rope_type", where, "str", "default", "rope_parameters.") != "default":
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if scaling is not None:
+        for key in ("rope_type", "type"):
+            read_key(scaling, key, where, "str", None, "rope_scaling.")
+    theta = read_key(layer, "rope_theta", where, "number", None, section)
+    theta = theta if theta is not None else read_key(rope, "rope_theta", where, "number", 10000.0, "rope_parameters.")
+    return float(theta), scaling
+
+
 def head_config_from_json(config: dict, dialect: str, config_file: Path) -> HeadConfig:
-    """The head's shape and variant flags from config.json, for any dialect."""
-    layer = _need(config, "transformer_layer_config", config_file) if dialect == SPECULATORS else config
+    """The head's shape and variant flags from config.json, for any dialect; every value typed
+    (`read_key`: never coerced)."""
+    section = "transformer_layer_config." if dialect == SPECULATORS else ""
+    layer = _need(config, "transformer_layer_config", config_file, kind="object") if dialect == SPECULATORS else config
     top = config
-    _check_supported(layer, config_file, speculators=dialect == SPECULATORS)
-    hidden = _need(layer, "hidden_size", config_file)
-    heads = _need(layer, "num_attention_heads", config_file)
-    rope = layer.get("rope_parameters") or {}
-    scaling = layer.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"}
-                                            if rope.get("rope_type", "default") != "default" else None)
-    eagle_cfg = top.get("eagle_config") or {}
-    vocab = _need(layer, "vocab_size", config_file)
+    _check_supported(layer, config_file, speculators=dialect == SPECULATORS, section=section)
+
+    def size(key: str, default=REQUIRED, where: dict = layer, prefix: str = section):
+        return read_key(where, key, config_file, "size", default, prefix)
+
+    hidden = size("hidden_size")
+    heads = size("num_attention_heads")
+    theta, scaling = rope_settings(layer, config_file, section)
+    eagle_cfg = _section(top, "eagle_config", config_file)
+    vocab = size("vocab_size")
     settings = dict(
         hidden_size=hidden,
         num_attention_heads=heads,
-        num_key_value_heads=layer.get("num_key_value_heads") or heads,
-        head_dim=layer.get("head_dim") or hidden // heads,
-        intermediate_size=_need(layer, "intermediate_size", config_file),
+        num_key_value_heads=size("num_key_value_heads", heads),
+        head_dim=size("head_dim", hidden // heads),
+        intermediate_size=size("intermediate_size"),
         vocab_size=vocab,
-        draft_vocab_size=top.get("draft_vocab_size") or vocab,
-        target_hidden_size=top.get("target_hidden_size") or hidden,
-        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-        rope_theta=float(layer.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        draft_vocab_size=size("draft_vocab_size", vocab, top, ""),
+        target_hidden_size=size("target_hidden_size", hidden, top, ""),
+        rms_norm_eps=float(read_key(layer, "rms_norm_eps", config_file, "number", 1e-6, section)),
+        rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=layer.get("max_position_embeddings", 2048),
-        hidden_act=layer.get("hidden_act", "silu"),
-        num_aux=3 if eagle_cfg.get("use_aux_hidden_state", True) else 1,
-        norm_before_residual=bool(top.get("norm_before_residual", False)),
-        attention_bias=bool(layer.get("attention_bias", False)),
-        mlp_bias=bool(layer.get("mlp_bias", False)),
+        max_position_embeddings=size("max_position_embeddings", 2048),
+        hidden_act=read_key(layer, "hidden_act", config_file, "str", "silu", section),
+        num_aux=3 if read_key(eagle_cfg, "use_aux_hidden_state", config_file, "bool", True, "eagle_config.") else 1,
+        norm_before_residual=read_key(top, "norm_before_residual", config_file, "bool", False),
+        attention_bias=read_key(layer, "attention_bias", config_file, "bool", False, section),
+        mlp_bias=read_key(layer, "mlp_bias", config_file, "bool", False, section),
         norm_before_fc=_flag(top, eagle_cfg, "norm_before_fc", config_file),
         fc_norm=_flag(top, eagle_cfg, "fc_norm", config_file),
         norm_output=_flag(top, eagle_cfg, "norm_output", config_file),
-        rope_interleaved=layer.get("rope_is_neox_style", True) is False,
+        rope_interleaved=read_key(layer, "rope_is_neox_style", config_file, "bool", True, section) is False,
     )
     try:
         return HeadConfig(**settings)

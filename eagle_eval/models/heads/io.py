@@ -16,6 +16,9 @@ Each dialect maps checkpoint keys to `Eagle3Head` parameter names through one vi
 is strict: a missing, unexpected or mis-shaped tensor is a `CheckpointError` naming the file, the key
 and both shapes (and, for a variant's tensor, the config flag that asks for it or its absence).
 Every config.json key is audited first (models/heads/keys.py). `.bin` pickles load with `weights_only=True`.
+Each tensor's stored dtype is checked against what it may be (`check_dtype`): weights floating point
+(fp16, bf16, fp32, fp64), `d2t` an integer type, `t2d` bool; an integer-typed weight would otherwise be
+cast to float in silence and give an accept length near 1.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from eagle_eval.models.heads.config import (  # noqa: F401  (CheckpointError, he
     SPECFORGE,
     SPECULATORS,
     CheckpointError,
+    _section,
     head_config_from_json,
     model_type_note,
+    read_key,
 )
 from eagle_eval.models.heads.keys import KeyAudit, audit_keys, check_keys
 from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig
@@ -44,6 +49,9 @@ from eagle_eval.models.heads.mla import build_head
 DIALECTS = (SPECFORGE, EAGLE, SPECULATORS, MLA)
 _LAYER_PREFIX = {SPECFORGE: "midlayer.", EAGLE: "midlayer.", SPECULATORS: "layers.0.", MLA: "layers.0."}
 _OPTIONAL = ("fc.bias", "embed_tokens.weight", "d2t", "t2d")
+# dtypes a head tensor may be stored in: weights are cast to the run's dtype on load, so any float works;
+# float8 needs scales this loader does not read (a quantized head is not supported)
+FLOAT_WEIGHTS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 # tensors of a variant -> the config flag that asks for them (for the strict-loading messages)
 _VARIANT_TENSORS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm"}
 
@@ -63,7 +71,7 @@ class LoadedHead:
 
 
 def detect_dialect(config: dict, config_file: Path) -> str:
-    archs = config.get("architectures") or []
+    archs = read_key(config, "architectures", config_file, "names", [])
     if any(a in MLA_ARCHITECTURES for a in archs):
         return MLA
     if "Eagle3Speculator" in archs or "speculators_config" in config:
@@ -109,6 +117,8 @@ def key_map(dialect: str, names, prefix: str | None = None) -> dict[str, str]:
 
 def _read_config(path: Path) -> tuple[Path, dict]:
     config_file = path / "config.json"
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path}: is a file; the draft head is a folder (config.json and weights)")
     if not path.is_dir():
         raise CheckpointError(f"{path}: draft checkpoint folder does not exist (local paths only)")
     if not config_file.is_file():
@@ -155,12 +165,31 @@ def _match_tensors(head: Eagle3Head, tensors: dict, dialect: str, file: Path, co
             raise CheckpointError(
                 f"{file}: tensor {key!r} has shape {list(t.shape)}, expected {list(ref.shape)} "
                 f"(from {config_file.name})")
+        check_dtype(name, key, t, file)
         state[name] = t
     unexpected = sorted(set(tensors) - {names[n] for n in state})
     if unexpected:
         hints = "".join(_flag_hint(k, head.config) for k in unexpected[:1])
         raise CheckpointError(f"{file}: unexpected tensor(s) {unexpected[:5]} for dialect {dialect!r}{hints}")
     return state
+
+
+def check_dtype(name: str, key: str, t: torch.Tensor, file: Path) -> None:
+    """A head tensor's stored dtype against what it may be: d2t [V_d] an integer type (the offsets
+    target_id - draft_id), t2d [V] bool (SpecForge, EAGLE and speculators register both so), every other
+    tensor a floating weight (FLOAT_WEIGHTS)."""
+    got = str(t.dtype).replace("torch.", "")
+    if name == "d2t":
+        ok, want = not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool, \
+            "an integer type (int64 in SpecForge/EAGLE/speculators)"
+    elif name == "t2d":
+        ok, want = t.dtype == torch.bool, "bool"
+    else:
+        ok, want = t.dtype in FLOAT_WEIGHTS, "a floating-point weight (fp16, bf16, fp32 or fp64)"
+        if t.dtype.is_floating_point and not ok:
+            want += "; a quantized head (float8 without scales) is not supported"
+    if not ok:
+        raise CheckpointError(f"{file}: tensor {key!r} is stored as {got}, expected {want}")
 
 
 def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) -> Eagle3Head:
@@ -201,13 +230,20 @@ def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
         state["t2d"] = t2d_from_d2t(state["d2t"], cfg.vocab_size)
     head.load_state_dict({**head.state_dict(), **{k: v.to(head.state_dict()[k].dtype)
                                                    for k, v in state.items()}}, strict=True)
-    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    vllm_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    sglang_ids, vllm_ids = aux_ids(config, config_file)
     return LoadedHead(head=head.eval(), dialect=dialect, path=str(path), weights_file=str(file),
                       own_embedding=head.embed_tokens is not None,
                       aux_ids_sglang=tuple(sglang_ids) if sglang_ids is not None else None,
                       aux_ids_vllm=tuple(vllm_ids) if vllm_ids is not None else None,
                       d2t_in_checkpoint=has_d2t, key_audit=audit, key_notes=tuple(notes))
+
+
+def aux_ids(config: dict, config_file: Path) -> tuple[list | None, list | None]:
+    """(nested eagle_config.eagle_aux_hidden_state_layer_ids, top-level eagle_aux_hidden_state_layer_ids),
+    each a list of integers or None: `true` is not layer 1, "3" not layer 3."""
+    nested = read_key(_section(config, "eagle_config", config_file), "eagle_aux_hidden_state_layer_ids",
+                      config_file, "ids", None, "eagle_config.")
+    return nested, read_key(config, "eagle_aux_hidden_state_layer_ids", config_file, "ids", None)
 
 
 def _check_d2t_range(d2t: torch.Tensor, vocab_size: int, file: Path) -> None:

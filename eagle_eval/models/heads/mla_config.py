@@ -23,7 +23,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle_eval.models.heads.config import DEEPSEEK_CONFIG_TYPES, CheckpointError, HeadConfig, MLASettings, _flag, _need
+from eagle_eval.models.heads.config import (
+    DEEPSEEK_CONFIG_TYPES,
+    CheckpointError,
+    HeadConfig,
+    MLASettings,
+    _flag,
+    _need,
+    _section,
+    read_key,
+    rope_settings,
+)
 
 MLA_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 # kimi_k2: NVIDIA ModelOpt's Kimi-K2 MLA export writes it (modelopt/torch/export/plugins/hf_spec_export.py,
@@ -49,10 +59,7 @@ MLA_HARMLESS = {
 
 def _rope(layer: dict, where: Path) -> tuple[float, dict | None]:
     """(rope_theta, DeepSeek yarn parameters or None) as the engines read them."""
-    params = layer.get("rope_parameters") or {}
-    scaling = layer.get("rope_scaling") or ({k: v for k, v in params.items() if k != "rope_theta"}
-                                            if params.get("rope_type", "default") != "default" else None)
-    theta = float(layer.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    theta, scaling = rope_settings(layer, where)
     if not scaling:
         return theta, None
     kind = scaling.get("rope_type", scaling.get("type"))
@@ -63,37 +70,44 @@ def _rope(layer: dict, where: Path) -> tuple[float, dict | None]:
     for key in ("factor", "original_max_position_embeddings"):
         if key not in scaling:
             raise CheckpointError(f"{where}: key 'rope_scaling.{key}' missing (DeepSeek yarn needs it)")
+    for key in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if key in scaling and scaling[key] is not None and not (
+                isinstance(scaling[key], (int, float)) and not isinstance(scaling[key], bool)):
+            raise CheckpointError(f"{where}: key 'rope_scaling.{key}' = {scaling[key]!r}: expected a number")
     return theta, {k: v for k, v in scaling.items() if k != "rope_theta"}
 
 
 def _mla_settings(layer: dict, where: Path) -> MLASettings:
-    if layer.get("attention_bias"):
+    if read_key(layer, "attention_bias", where, "bool", False):
         raise CheckpointError(f"{where}: key 'attention_bias' = true; the engines build every MLA projection "
                               "without bias (vLLM DeepseekV2MLAAttention.__init__)")
     try:
-        return MLASettings(q_lora_rank=layer.get("q_lora_rank"),
+        return MLASettings(q_lora_rank=read_key(layer, "q_lora_rank", where, "size", None),
                            kv_lora_rank=_need(layer, "kv_lora_rank", where),
                            qk_nope_head_dim=_need(layer, "qk_nope_head_dim", where),
                            qk_rope_head_dim=_need(layer, "qk_rope_head_dim", where),
                            v_head_dim=_need(layer, "v_head_dim", where))
     except ValueError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CheckpointError(f"{where}: {exc}") from exc
 
 
 def mla_config_from_json(config: dict, config_file: Path) -> HeadConfig:
-    """The MLA head's shape and flags from a flat (SpecForge/TorchSpec-style) config.json."""
-    model_type = config.get("model_type")
+    """The MLA head's shape and flags from a flat (SpecForge/TorchSpec-style) config.json; every value
+    typed (config.read_key: never coerced)."""
+    model_type = read_key(config, "model_type", config_file, "str", None)
     if model_type not in MLA_MODEL_TYPES:
         raise CheckpointError(f"{config_file}: key 'model_type' = {model_type!r}; an Eagle3DeepseekV2ForCausalLM "
                               f"head is expected to say one of {[t for t in MLA_MODEL_TYPES if t]}")
-    layers = config.get("num_hidden_layers", 1)
-    if layers not in (None, 1):
+    layers = read_key(config, "num_hidden_layers", config_file, "size", 1)
+    if layers != 1:
         raise CheckpointError(f"{config_file}: key 'num_hidden_layers' = {layers!r}; MLA EAGLE-3 heads have one "
                               "layer (SGLang Eagle3DeepseekV2ForCausalLM.__init__ refuses more)")
-    if config.get("tie_word_embeddings"):
+    if read_key(config, "tie_word_embeddings", config_file, "bool", False):
         raise CheckpointError(f"{config_file}: key 'tie_word_embeddings' = true: SGLang then uses embed_tokens "
                               "as the draft lm_head; not supported")
-    eagle_cfg = config.get("eagle_config") or {}
+    eagle_cfg = _section(config, "eagle_config", config_file)
     if _flag(config, eagle_cfg, "norm_before_fc", config_file):
         raise CheckpointError(f"{config_file}: key 'norm_before_fc' = true; neither engine's MLA head has that "
                               "norm (vLLM deepseek_eagle3.py, SGLang kimi_k25_eagle3.py)")
@@ -106,17 +120,21 @@ def mla_config_from_json(config: dict, config_file: Path) -> HeadConfig:
         return HeadConfig(
             hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads,   # per-head k/v after kv_b
             head_dim=mla.qk_head_dim, intermediate_size=_need(config, "intermediate_size", config_file),
-            vocab_size=vocab, draft_vocab_size=config.get("draft_vocab_size") or vocab,
-            target_hidden_size=config.get("target_hidden_size") or hidden,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            hidden_act=config.get("hidden_act", "silu"),
-            num_aux=3 if eagle_cfg.get("use_aux_hidden_state", True) else 1,
-            norm_before_residual=bool(config.get("norm_before_residual", False)),
+            vocab_size=vocab, draft_vocab_size=read_key(config, "draft_vocab_size", config_file, "size", vocab),
+            target_hidden_size=read_key(config, "target_hidden_size", config_file, "size", hidden),
+            rms_norm_eps=float(read_key(config, "rms_norm_eps", config_file, "number", 1e-6)),
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=read_key(config, "max_position_embeddings", config_file, "size", 2048),
+            hidden_act=read_key(config, "hidden_act", config_file, "str", "silu"),
+            num_aux=3 if read_key(eagle_cfg, "use_aux_hidden_state", config_file, "bool", True,
+                                  "eagle_config.") else 1,
+            norm_before_residual=read_key(config, "norm_before_residual", config_file, "bool", False),
             fc_norm=_flag(config, eagle_cfg, "fc_norm", config_file),
             norm_output=_flag(config, eagle_cfg, "norm_output", config_file),
             rope_interleaved=True, mla=mla)
     except ValueError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
         raise CheckpointError(f"{config_file}: {exc}") from exc
 
 
