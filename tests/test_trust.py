@@ -587,8 +587,10 @@ def test_report_reads_every_commands_folder(saved):
     from eagle_eval.results.report import render_ablation, render_steps_table, render_table
     from eagle_eval.results.saved import FILES, read_result
 
+    from eagle_eval.servers.check import render_server_check
+
     firsts = {"run": render_table, "profile": render_steps_table, "ablation": render_ablation,
-              "server_check": render_table}
+              "server_check": render_server_check}          # as each command printed it
     for kind, folder in saved.items():
         result = read_result(folder)
         assert result.kind == kind and Path(result.path).name == FILES[kind]
