@@ -137,3 +137,36 @@ def test_hypotheses_for_a_head_with_its_own_table_and_a_server_with_other_steps(
 def test_check_config_validation(kw, match):
     with pytest.raises(ConfigError, match=match):
         ServerCheckOptions(**kw)
+
+
+def _stalling_server(behaviour: str):
+    """A socket server that sends the headers of an answer, then stalls (or hangs up) in the body."""
+    import socket
+    import threading
+    import time
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"text\": ")
+        if behaviour == "stall":
+            time.sleep(3)
+        conn.close()
+        srv.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("behaviour, said", [("stall", "did not answer within 1 s"),
+                                              ("hang_up", "broke the connection while sending its answer")])
+def test_a_body_that_stalls_or_breaks_is_named_as_such_not_cannot_connect(behaviour, said):
+    from eagle_eval.servers.http import Http
+
+    url = _stalling_server(behaviour)
+    with pytest.raises(ServerError) as err:
+        Http(url, timeout=1.0, retries=0).json("POST", "/generate", json={})
+    assert said in str(err.value) and "cannot connect" not in str(err.value)

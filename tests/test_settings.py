@@ -42,6 +42,8 @@ def test_groups_hold_every_setting_once_and_flat_names_are_unique():
     ({"aux_layers": [True, 2, 3]}, r"--aux-layers\[0\]: expected an integer, got bool"),
     ({"categories": "writing"}, "--categories: expected a list, got str"),
     ({"max_new_tokens": 2.5}, "--max-new-tokens: expected an integer, got float"),
+    ({"temperature": float("nan")}, "--temperature: expected a finite number"),
+    ({"top_p": float("inf")}, "--top-p: expected a finite number"),
     ({"dtype": "bf8"}, "--dtype must be one of auto, bf16, fp16, fp32"),
     ({"position_offset": 2}, "--position-offset must be one of 0, 1"),
     ({"no_such_setting": 1}, "unknown setting 'no_such_setting'"),

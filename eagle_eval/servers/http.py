@@ -63,7 +63,7 @@ class Http:
 
     def request(self, method: str, path: str, **kw):
         import requests
-        from urllib3.exceptions import ReadTimeoutError
+        from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
         url = self.base + path
         try:
@@ -73,12 +73,20 @@ class Http:
         except requests.exceptions.ReadTimeout:
             raise ServerError(f"{url} did not answer within {self.timeout:g} s (--timeout)") from None
         except requests.exceptions.ConnectionError as exc:
-            # with a urllib3 Retry, an exhausted read timeout arrives as ConnectionError(MaxRetryError)
-            if isinstance(getattr(exc.args[0] if exc.args else None, "reason", None), ReadTimeoutError):
+            # with a urllib3 Retry, an exhausted read timeout arrives as ConnectionError(MaxRetryError); a body
+            # that stalls after the headers as ConnectionError(ReadTimeoutError); one cut short as ProtocolError
+            inner = exc.args[0] if exc.args else None
+            if isinstance(inner, ReadTimeoutError) or isinstance(getattr(inner, "reason", None), ReadTimeoutError):
                 raise ServerError(f"{url} did not answer within {self.timeout:g} s (--timeout)") from None
+            if isinstance(inner, ProtocolError) and "Connection broken" in str(inner):
+                raise ServerError(f"{url}: the server broke the connection while sending its answer "
+                                  f"({snippet(inner, 80)})") from None
             reason = re.search(r"\[Errno -?\d+\] [^'\")]+", str(exc))
             raise ServerError(f"cannot connect to {url} ({reason.group(0) if reason else 'connection failed'}): "
                               "is the server running at --url?") from None
+        except requests.exceptions.ChunkedEncodingError as exc:
+            raise ServerError(f"{url}: the server broke the connection while sending its answer "
+                              f"({snippet(exc, 80)})") from None
         except requests.exceptions.RequestException as exc:
             raise ServerError(f"{url}: {type(exc).__name__}: {snippet(exc)}") from None
         if r.status_code >= 400:
