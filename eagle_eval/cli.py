@@ -26,7 +26,7 @@ from eagle_eval.settings import (
     LoopOptions,
     ProfileOptions,
     Settings,
-    _hints,
+    field_types,
     flag_name,
     read_settings_file,
     split_flat,
@@ -62,7 +62,7 @@ def _unwrap_optional(hint):
 
 def _click_option(f, owner: type):
     """The click option of one settings field: default None (= not given), help and choices from metadata."""
-    m, base = f.metadata, _unwrap_optional(_hints(owner)[f.name])
+    m, base = f.metadata, _unwrap_optional(field_types(owner)[f.name])
     default = f.default if f.default is not MISSING else None
     # the real default is shown (and given to click); whether a value was given is read from its source
     shown = m.get("show_default") or (default not in (None, (), False))

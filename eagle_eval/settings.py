@@ -119,7 +119,7 @@ def flag_name(f) -> str:
 _HINTS: dict[type, dict] = {}
 
 
-def _hints(cls) -> dict:
+def field_types(cls) -> dict:
     if cls not in _HINTS:
         _HINTS[cls] = typing.get_type_hints(cls)
     return _HINTS[cls]
@@ -170,7 +170,7 @@ class Group:
     """A frozen settings group: types checked, then `validate()` (the group's own checks), at construction."""
 
     def __post_init__(self):
-        hints = _hints(type(self))
+        hints = field_types(type(self))
         for f in fields(self):
             value = getattr(self, f.name)
             conformed = _conform(value, hints[f.name], flag_name(f))
@@ -188,7 +188,7 @@ class Group:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
-def _at_least(value, low, option: str, what: str = "") -> None:
+def at_least(value, low, option: str, what: str = "") -> None:
     if value is not None and value < low:
         raise ConfigError(f"{option} must be >= {low}{what}, got {value}")
 
@@ -257,7 +257,7 @@ class SpeculationSettings(Group):
             if given:
                 raise ConfigError(f"{', '.join(given)} conflict with --eagle-depth/--eagle-top-k/--eagle-total-token "
                                   "(num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token): give one set")
-            _at_least(self.eagle_depth, 0, "--eagle-depth")
+            at_least(self.eagle_depth, 0, "--eagle-depth")
             object.__setattr__(self, "num_steps", self.eagle_depth + 1)
             object.__setattr__(self, "topk", self.eagle_top_k)
             object.__setattr__(self, "num_draft_tokens", self.eagle_total_token)
@@ -265,9 +265,9 @@ class SpeculationSettings(Group):
             object.__setattr__(self, "num_steps", DEFAULT_NUM_STEPS)
         if self.topk is None:
             object.__setattr__(self, "topk", DEFAULT_TOPK)
-        _at_least(self.num_steps, 1, "--num-steps")
-        _at_least(self.topk, 1, "--topk")
-        _at_least(self.num_draft_tokens, 2, "--num-draft-tokens", " (root + one draft)")
+        at_least(self.num_steps, 1, "--num-steps")
+        at_least(self.topk, 1, "--topk")
+        at_least(self.num_draft_tokens, 2, "--num-draft-tokens", " (root + one draft)")
 
     @property
     def eagle_params(self) -> dict | None:
@@ -303,7 +303,7 @@ class DecodingSettings(Group):
     def validate(self):
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
-        _at_least(self.top_k, 0, "--top-k")
+        at_least(self.top_k, 0, "--top-k")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p < 1:
@@ -312,7 +312,7 @@ class DecodingSettings(Group):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got {value}")
-        _at_least(self.samples_per_prompt, 1, "--samples-per-prompt")
+        at_least(self.samples_per_prompt, 1, "--samples-per-prompt")
 
     @property
     def greedy(self) -> bool:
@@ -340,8 +340,8 @@ class WorkloadSettings(Group):
     max_new_tokens: int = opt(64, "New tokens per prompt (cut earlier at EOS).")
 
     def validate(self):
-        _at_least(self.max_new_tokens, 1, "--max-new-tokens")
-        _at_least(self.limit, 1, "--limit")
+        at_least(self.max_new_tokens, 1, "--max-new-tokens")
+        at_least(self.limit, 1, "--limit")
         if self.dataset_format is not None and self.dataset is None:
             raise ConfigError("--dataset-format needs --dataset (--prompts is always the plain prompt JSONL)")
         if self.categories is not None and (not self.categories or not all(c.strip() for c in self.categories)):
@@ -465,7 +465,7 @@ class LoopOptions(Group):
                             flag="--cuda-graphs", secondary="--no-cuda-graphs")
 
     def validate(self):
-        _at_least(self.batch_size, 1, "--batch-size")
+        at_least(self.batch_size, 1, "--batch-size")
 
 
 @dataclass(frozen=True)
@@ -483,12 +483,12 @@ class ProfileOptions(Group):
         return ProfileOptions(**{f.name: getattr(self, f.name) for f in fields(ProfileOptions)})
 
     def validate(self):
-        _at_least(self.max_steps, 1, "--max-steps")
-        _at_least(self.batch_tokens, 1, "--batch-tokens")
+        at_least(self.max_steps, 1, "--max-steps")
+        at_least(self.batch_tokens, 1, "--batch-tokens")
         if self.responses is not None and not Path(self.responses).is_file():
             raise ConfigError(f"--responses {self.responses}: not a file")
         for d in self.draft_tokens_grid or ():
-            _at_least(d, 2, "--draft-tokens-grid", " (root + one draft)")
+            at_least(d, 2, "--draft-tokens-grid", " (root + one draft)")
 
 
 @dataclass(frozen=True)
@@ -513,7 +513,7 @@ class AblateOptions(ProfileOptions):
             if value is not None and not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         for k in self.topk_grid or ():
-            _at_least(k, 1, "--topk-grid")
+            at_least(k, 1, "--topk-grid")
 
 
 def parse_setting(name: str, text: str, groups=tuple(GROUPS.values())):
@@ -525,7 +525,7 @@ def parse_setting(name: str, text: str, groups=tuple(GROUPS.values())):
     option = flag_name(f)
     if f.metadata.get("parse"):
         return f.metadata["parse"](text)
-    hint = _hints(next(g for g in groups if f in fields(g)))[name]
+    hint = field_types(next(g for g in groups if f in fields(g)))[name]
     args = typing.get_args(hint)
     if text.strip().lower() == "none" and type(None) in args:
         return None

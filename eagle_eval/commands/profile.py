@@ -119,7 +119,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     def run_profile(indices, desc):
         out = {}
         seqs = [prompts[i].input_ids + conts[i] for i in indices]
-        for batch in tqdm(list(prof._batches(seqs, 0, options.batch_tokens)), desc=desc, unit="batch",
+        for batch in tqdm(list(prof.batches(seqs, 0, options.batch_tokens)), desc=desc, unit="batch",
                           disable=not progress):
             items = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
             for j, res in zip(batch, prof.profile_batch(spec, items, k_max, max_new, pad, *tree)):

@@ -82,11 +82,11 @@ class SweepRow:
 
     @property
     def tau(self) -> float:
-        return decide.tau_se(self.cycles)[0]
+        return decide.tau_se_clustered(self.cycles)[0]
 
     @property
     def tau_pos(self) -> float:
-        return decide.tau_se(self.positions)[0]
+        return decide.tau_se_clustered(self.positions)[0]
 
     @property
     def status(self) -> str:
@@ -96,8 +96,8 @@ class SweepRow:
 
     def as_dict(self) -> dict:
         hf = list(self.candidate.hf)
-        tau, se = decide.tau_se(self.cycles)
-        tau_pos, se_pos = decide.tau_se(self.positions)
+        tau, se = decide.tau_se_clustered(self.cycles)
+        tau_pos, se_pos = decide.tau_se_clustered(self.positions)
         b = self.bound or decide.Bound(0.0, 0.0, 0.0, 0.0)
         return {"rank": self.rank, "label": self.candidate.label, "hf": hf, "sglang": [i - 1 for i in hf],
                 "vllm": hf, "tau": tau, "se": se, "cycles": sum(c for _, c in self.cycles),

@@ -4,7 +4,7 @@ Contract (pure functions, no torch):
   * `position_counts` turns one prompt's teacher-forced run lengths into (sum of min(r_k, S) + 1,
     positions): acceptance at EVERY position k of the greedy continuation a cycle could start from,
     not only at the cycle starts. Its ratio over prompts is the position-averaged tau ("tau_pos").
-  * `tau_se` and `paired_delta` are ratio estimators over such per-prompt counts (or the loop's
+  * `tau_se_clustered` and `paired_delta` are ratio estimators over such per-prompt counts (or the loop's
     (emitted, cycles)), with cluster (per-prompt) delta-method standard errors.
   * `looks` plans the sequential looks (first look, then doubling, up to the budget) BEFORE any data.
   * `verdict` judges alternatives against the configured one with one-sided Student-t bounds on the
@@ -43,10 +43,11 @@ def position_counts(run_lengths: list[int], num_steps: int, positions: int) -> t
     return sum(min(r, num_steps) + 1 for r in run_lengths[:positions]), positions
 
 
-def tau_se(counts: list[tuple[int, int]]) -> tuple[float, float]:
-    """tau = sum(emitted) / sum(cycles) and its cluster (per-prompt) delta-method SE.
+def tau_se_clustered(counts: list[tuple[int, int]]) -> tuple[float, float]:
+    """tau = sum(emitted) / sum(cycles) and its cluster (per-prompt) delta-method SE (not the independent-cycles
+    SE of results/compare.py `tau_se_cycles`).
 
-    >>> tau, se = tau_se([(6, 3), (4, 1)]); round(tau, 3), round(se, 3)
+    >>> tau, se = tau_se_clustered([(6, 3), (4, 1)]); round(tau, 3), round(se, 3)
     (2.5, 0.75)
     """
     total_e, total_c = sum(e for e, _ in counts), sum(c for _, c in counts)
@@ -66,8 +67,8 @@ def paired_delta(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> tuple[fl
     >>> d, se = paired_delta([(6, 3), (4, 1)], [(3, 3), (1, 1)]); round(d, 3), round(se, 3)
     (1.5, 0.75)
     """
-    ta, _ = tau_se(a)
-    tb, _ = tau_se(b)
+    ta, _ = tau_se_clustered(a)
+    tb, _ = tau_se_clustered(b)
     ca, cb = sum(c for _, c in a), sum(c for _, c in b)
     n = len(a)
     if n < 2 or not ca or not cb:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle_eval.settings import Group, _at_least, opt
+from eagle_eval.settings import Group, at_least, opt
 
 
 @dataclass(frozen=True)
@@ -20,4 +20,4 @@ class DiagnoseOptions(Group):
                              "first that decides.")
 
     def validate(self):
-        _at_least(self.prompt_budget, 1, "--prompt-budget")
+        at_least(self.prompt_budget, 1, "--prompt-budget")

@@ -84,8 +84,8 @@ def template_check(oracle) -> tuple[list[dict], list[Finding]]:
 
 
 def _row(label: str, cycles, positions, bound, prompts) -> dict:
-    tau, se = decide.tau_se(cycles)
-    tau_pos, se_pos = decide.tau_se(positions)
+    tau, se = decide.tau_se_clustered(cycles)
+    tau_pos, se_pos = decide.tau_se_clustered(positions)
     row = {"variant": label, "tau": tau, "se": se, "tau_pos": tau_pos, "se_pos": se_pos,
            "prompt_tokens": sum(len(p.input_ids) for p in prompts[:len(positions)])}
     if bound is not None:

@@ -42,10 +42,11 @@ def results_status(results: list[Result]) -> int:
     return worst(*(r.status for r in results))
 
 
-def tau_se(histogram: list[int]) -> float | None:
-    """Standard error of tau from the per-cycle histogram.
+def tau_se_cycles(histogram: list[int]) -> float | None:
+    """Standard error of tau from the per-cycle histogram, cycles taken as independent draws (not the
+    per-prompt clustered SE of diagnose/decide.py `tau_se_clustered`).
 
-    >>> round(tau_se([1, 1, 1, 1]), 4)    # n = 0, 1, 2, 3: sd 1.291, over sqrt(4)
+    >>> round(tau_se_cycles([1, 1, 1, 1]), 4)    # n = 0, 1, 2, 3: sd 1.291, over sqrt(4)
     0.6455
     """
     c = sum(histogram)
@@ -72,7 +73,7 @@ def two_proportion_z(x1: int, n1: int, x2: int, n2: int) -> float | None:
 def compare_group(a: dict, b: dict) -> dict:
     """Differences B - A of one group: tau with its 95% interval, and a_i, u_i per position with z."""
     ta, tb = a["summary"]["accept_length"], b["summary"]["accept_length"]
-    sa, sb = tau_se(a["histogram"]), tau_se(b["histogram"])
+    sa, sb = tau_se_cycles(a["histogram"]), tau_se_cycles(b["histogram"])
     out = {"tau_a": ta, "tau_b": tb, "tau_diff": None, "tau_ci95": None, "tau_flag": False, "positions": []}
     if ta is not None and tb is not None:
         out["tau_diff"] = tb - ta

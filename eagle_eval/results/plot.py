@@ -2,7 +2,7 @@
 
 Contract: `plot_results(results, path)` draws, for every result, the conditional rates a_i (solid)
 and the unconditional rates u_i (dashed) against the draft position, and beside them tau per
-category as grouped bars with the 95% normal interval of `compare.tau_se`. matplotlib is the optional
+category as grouped bars with the 95% normal interval of `compare.tau_se_cycles`. matplotlib is the optional
 extra `eagle-eval[plot]`; without it the error says how to install it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle_eval.settings import ConfigError
-from eagle_eval.results.compare import Z95, Result, tau_se
+from eagle_eval.results.compare import Z95, Result, tau_se_cycles
 
 INSTALL_HINT = "--plot needs matplotlib: pip install 'eagle-eval[plot]'"
 
@@ -48,7 +48,7 @@ def _tau_bars(ax, results: list[Result]) -> None:
     for k, r in enumerate(results):
         bodies = [r.report.get("by_category", {}).get(c) or (r.report if c == "all" else None) for c in names]
         taus = [b["summary"]["accept_length"] or 0.0 if b else 0.0 for b in bodies]
-        errs = [Z95 * (tau_se(b["histogram"]) or 0.0) if b else 0.0 for b in bodies]
+        errs = [Z95 * (tau_se_cycles(b["histogram"]) or 0.0) if b else 0.0 for b in bodies]
         xs = [i + (k - (len(results) - 1) / 2) * width for i in range(len(names))]
         ax.bar(xs, taus, width, yerr=errs, capsize=2, color=f"C{k}", label=r.label)
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize="small")

@@ -27,7 +27,7 @@ import torch
 
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.models.static_cache import RowCache, RowDraftCache, block_slots, block_visible
-from eagle_eval.speculative.chain import Decoded, Speculator, _emit
+from eagle_eval.speculative.chain import Decoded, Speculator, emit
 from eagle_eval.speculative.draft import DraftState
 from eagle_eval.speculative.tree import Tree, accept_path, select_tree
 
@@ -281,6 +281,6 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
                     t, path, _ = done[b]
                     out.off_top1_per_cycle.append(not t.on_top1_chain(path))
                     out.tree_shape_per_cycle.append([t.depths.count(k) for k in range(1, max(t.depths) + 1)])
-                if _emit(out, tokens, max_new_tokens, eos_ids):
+                if emit(out, tokens, max_new_tokens, eos_ids):
                     fill(b)
     return run

@@ -52,7 +52,7 @@ class Speculator:
         return self.head.lm_head.weight.device
 
 
-def _emit(out: Decoded, tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
+def emit(out: Decoded, tokens: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:
     """Append tokens, cut at max_new_tokens or after EOS; return True when decoding is finished."""
     added = 0
     for tok in tokens:
@@ -105,7 +105,7 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
                 out.off_top1_per_cycle.append(not tree.on_top1_chain(v.path))
                 out.tree_shape_per_cycle.append([tree.depths.count(d) for d in range(1, max(tree.depths) + 1)])
             out.accepted_per_cycle.append(v.accepted)
-            if _emit(out, new_tokens, max_new_tokens, eos_ids):
+            if emit(out, new_tokens, max_new_tokens, eos_ids):
                 return out
             draft.extend(v.aux, torch.tensor([new_tokens], device=device))
             assert draft.real_len == Target.cache_len(cache), "draft and target caches out of step"

@@ -21,7 +21,7 @@ import torch
 
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.results.records import Prompt
-from eagle_eval.speculative.chain import Decoded, Speculator, _emit
+from eagle_eval.speculative.chain import Decoded, Speculator, emit
 from eagle_eval.speculative.draft import TreePools, unroll_trees
 from eagle_eval.speculative.run_lengths import chain_run_lengths
 from eagle_eval.speculative.tree import pool_size
@@ -57,7 +57,7 @@ def simulate_cycles(run_lengths: list[int], continuation: list[int], num_steps: 
         out.accepted_per_cycle.append(n)
         if off_top1 is not None:
             out.off_top1_per_cycle.append(off_top1[k])
-        if _emit(out, continuation[k + 1: k + n + 2], max_new_tokens, eos_ids):
+        if emit(out, continuation[k + 1: k + n + 2], max_new_tokens, eos_ids):
             return out
         k += n + 1
 
@@ -115,7 +115,7 @@ def greedy_continuations(spec: Speculator, prompts: list[list[int]], num_tokens:
     for the caller's bar."""
     target = spec.target
     out = [None] * len(prompts)
-    for batch in _batches(prompts, num_tokens, batch_tokens):
+    for batch in batches(prompts, num_tokens, batch_tokens):
         width = max(len(prompts[i]) for i in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -142,7 +142,7 @@ def greedy_continuations(spec: Speculator, prompts: list[list[int]], num_tokens:
     return out
 
 
-def _batches(seqs: list[list[int]], extra: int, batch_tokens: int):
+def batches(seqs: list[list[int]], extra: int, batch_tokens: int):
     """Indices grouped so that rows * (longest + extra) <= batch_tokens (one row at least)."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     batch, longest = [], 0

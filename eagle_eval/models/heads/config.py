@@ -169,12 +169,12 @@ def read_key(cfg: dict, key: str, where: Path, kind: str, default=REQUIRED, sect
     return value
 
 
-def _need(cfg: dict, key: str, where: Path, default=None, kind: str = "size", section: str = ""):
+def config_need(cfg: dict, key: str, where: Path, default=None, kind: str = "size", section: str = ""):
     """A required key (or one with a default), a positive integer unless `kind` says otherwise."""
     return read_key(cfg, key, where, kind, REQUIRED if default is None else default, section)
 
 
-def _flag(top: dict, eagle_cfg: dict, key: str, where: Path) -> bool:
+def config_flag(top: dict, eagle_cfg: dict, key: str, where: Path) -> bool:
     """A variant flag read where the engines read it: nested eagle_config first (NVIDIA exports, vLLM
     PR #42143), else the top level (speculators, vLLM `getattr(config, key)`); both must agree. true or
     false only: a string "false" is not read as true."""
@@ -186,7 +186,7 @@ def _flag(top: dict, eagle_cfg: dict, key: str, where: Path) -> bool:
     return bool(nested if nested is not None else flat)
 
 
-def _section(cfg: dict, key: str, where: Path) -> dict:
+def config_section(cfg: dict, key: str, where: Path) -> dict:
     """A nested object (eagle_config, transformer_layer_config, rope_parameters) or {} when absent."""
     return read_key(cfg, key, where, "object", {})
 
@@ -229,7 +229,7 @@ def _check_supported(layer: dict, where: Path, speculators: bool = False, sectio
 
 def rope_settings(layer: dict, where: Path, section: str = "") -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) from rope_theta / rope_scaling, or transformers 5's rope_parameters."""
-    rope = _section(layer, "rope_parameters", where)
+    rope = config_section(layer, "rope_parameters", where)
     scaling = read_key(layer, "rope_scaling", where, "object", None, section) or None
     if scaling is None and read_key(rope, "rope_type", where, "str", "default", "rope_parameters.") != "default":
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
@@ -245,7 +245,7 @@ def head_config_from_json(config: dict, dialect: str, config_file: Path) -> Head
     """The head's shape and variant flags from config.json, for any dialect; every value typed
     (`read_key`: never coerced)."""
     section = "transformer_layer_config." if dialect == SPECULATORS else ""
-    layer = _need(config, "transformer_layer_config", config_file, kind="object") if dialect == SPECULATORS else config
+    layer = config_need(config, "transformer_layer_config", config_file, kind="object") if dialect == SPECULATORS else config
     top = config
     _check_supported(layer, config_file, speculators=dialect == SPECULATORS, section=section)
 
@@ -255,7 +255,7 @@ def head_config_from_json(config: dict, dialect: str, config_file: Path) -> Head
     hidden = size("hidden_size")
     heads = size("num_attention_heads")
     theta, scaling = rope_settings(layer, config_file, section)
-    eagle_cfg = _section(top, "eagle_config", config_file)
+    eagle_cfg = config_section(top, "eagle_config", config_file)
     vocab = size("vocab_size")
     settings = dict(
         hidden_size=hidden,
@@ -275,9 +275,9 @@ def head_config_from_json(config: dict, dialect: str, config_file: Path) -> Head
         norm_before_residual=read_key(top, "norm_before_residual", config_file, "bool", False),
         attention_bias=read_key(layer, "attention_bias", config_file, "bool", False, section),
         mlp_bias=read_key(layer, "mlp_bias", config_file, "bool", False, section),
-        norm_before_fc=_flag(top, eagle_cfg, "norm_before_fc", config_file),
-        fc_norm=_flag(top, eagle_cfg, "fc_norm", config_file),
-        norm_output=_flag(top, eagle_cfg, "norm_output", config_file),
+        norm_before_fc=config_flag(top, eagle_cfg, "norm_before_fc", config_file),
+        fc_norm=config_flag(top, eagle_cfg, "fc_norm", config_file),
+        norm_output=config_flag(top, eagle_cfg, "norm_output", config_file),
         rope_interleaved=read_key(layer, "rope_is_neox_style", config_file, "bool", True, section) is False,
     )
     try:

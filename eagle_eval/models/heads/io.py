@@ -36,7 +36,7 @@ from eagle_eval.models.heads.config import (  # noqa: F401  (CheckpointError, he
     SPECFORGE,
     SPECULATORS,
     CheckpointError,
-    _section,
+    config_section,
     head_config_from_json,
     model_type_note,
     read_key,
@@ -241,7 +241,7 @@ def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
 def aux_ids(config: dict, config_file: Path) -> tuple[list | None, list | None]:
     """(nested eagle_config.eagle_aux_hidden_state_layer_ids, top-level eagle_aux_hidden_state_layer_ids),
     each a list of integers or None: `true` is not layer 1, "3" not layer 3."""
-    nested = read_key(_section(config, "eagle_config", config_file), "eagle_aux_hidden_state_layer_ids",
+    nested = read_key(config_section(config, "eagle_config", config_file), "eagle_aux_hidden_state_layer_ids",
                       config_file, "ids", None, "eagle_config.")
     return nested, read_key(config, "eagle_aux_hidden_state_layer_ids", config_file, "ids", None)
 

@@ -2,7 +2,7 @@
 
 Contract: `audit_keys(config, dialect, config_file)` sorts every key, nested ones included
 (`eagle_config.*`, speculators' `transformer_layer_config.*` and `speculators_config.*`), into
-- consumed: read by `head_config.head_config_from_json` / `head_io.load_head` (`CONSUMED_KEYS`);
+- consumed: read by `config.head_config_from_json` / `io.load_head` (`CONSUMED_KEYS`);
 - harmless: on `HARMLESS` below, each with the reason it cannot change the draft's output, or a key of
   `ENGINE_MATH` that holds its neutral value;
 - engine math: a key some engine's loader reads and that changes the draft's math, holding a value

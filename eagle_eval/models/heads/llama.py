@@ -22,13 +22,13 @@ from torch.nn import functional as F
 from eagle_eval.models.heads.config import HeadConfig  # noqa: F401  (re-exported: the head's config)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """NeoX-style RoPE partner: dims (i, i + d/2) rotate together (HF Llama, vLLM, SGLang default)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     """GPT-J-style (interleaved) RoPE partner: dims (2i, 2i + 1) rotate together."""
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
@@ -65,7 +65,7 @@ class DraftCache:
         assert len(self) == length
 
 
-class _RMSNorm(nn.Module):
+class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -88,7 +88,7 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
         self.v_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
-        self.rotate = _rotate_pairs if cfg.rope_interleaved else _rotate_half
+        self.rotate = rotate_pairs if cfg.rope_interleaved else rotate_half
         self.scale = 1.0 / math.sqrt(d)              # softmax scale (the profile in speculative/draft.py reads it)
 
     def project(self, u: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -130,9 +130,9 @@ class _MLP(nn.Module):
 class _MidLayer(nn.Module):
     def __init__(self, cfg: HeadConfig, attention: nn.Module):
         super().__init__()
-        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = attention
         self.mlp = _MLP(cfg)
 
@@ -151,12 +151,12 @@ class Eagle3Head(nn.Module):
         self.fc = (nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
                    if cfg.has_fc else None)
         aux_width = cfg.num_aux * cfg.target_hidden_size
-        self.input_norm = _RMSNorm(aux_width, cfg.rms_norm_eps) if cfg.norm_before_fc else None
-        self.fc_norm = (nn.ModuleList(_RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux))
+        self.input_norm = RMSNorm(aux_width, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux))
                         if cfg.fc_norm else None)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if with_embedding else None
         self.midlayer = _MidLayer(cfg, self._attention(cfg))
-        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool)

@@ -40,7 +40,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from eagle_eval.models.heads.config import HeadConfig
-from eagle_eval.models.heads.llama import Eagle3Head, _RMSNorm, _rotate_pairs
+from eagle_eval.models.heads.llama import Eagle3Head, RMSNorm, rotate_pairs
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -92,10 +92,10 @@ class MLAAttention(nn.Module):
             self.q_proj = nn.Linear(h2, q_out, bias=False)
         else:
             self.q_a_proj = nn.Linear(h2, m.q_lora_rank, bias=False)
-            self.q_a_layernorm = _RMSNorm(m.q_lora_rank, cfg.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(m.q_lora_rank, cfg.rms_norm_eps)
             self.q_b_proj = nn.Linear(m.q_lora_rank, q_out, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(h2, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
-        self.kv_a_layernorm = _RMSNorm(m.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, self.num_heads * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(self.num_heads * m.v_head_dim, cfg.hidden_size, bias=False)
         self.scale = softmax_scale(cfg)
@@ -115,9 +115,9 @@ class MLAAttention(nn.Module):
         k_nope, v = kv.transpose(1, 2).split([self.nope, self.v_dim], dim=-1)     # [B, heads, T, *]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                              # [B, 1, T, rope]
         q_nope, q_pe = q.split([self.nope, self.rope_dim], dim=-1)
-        q_pe = q_pe * cos + _rotate_pairs(q_pe) * sin
+        q_pe = q_pe * cos + rotate_pairs(q_pe) * sin
         k_pe = k_pe.unsqueeze(1)                                                   # [B, 1, T, rope]: one for all heads
-        k_pe = (k_pe * cos + _rotate_pairs(k_pe) * sin).expand(-1, self.num_heads, -1, -1)
+        k_pe = (k_pe * cos + rotate_pairs(k_pe) * sin).expand(-1, self.num_heads, -1, -1)
         return torch.cat([q_nope, q_pe], dim=-1), torch.cat([k_nope, k_pe], dim=-1), v
 
     def expand_kv(self, x: torch.Tensor) -> torch.Tensor:

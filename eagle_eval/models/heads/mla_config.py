@@ -28,9 +28,9 @@ from eagle_eval.models.heads.config import (
     CheckpointError,
     HeadConfig,
     MLASettings,
-    _flag,
-    _need,
-    _section,
+    config_flag,
+    config_need,
+    config_section,
     read_key,
     rope_settings,
 )
@@ -83,10 +83,10 @@ def _mla_settings(layer: dict, where: Path) -> MLASettings:
                               "without bias (vLLM DeepseekV2MLAAttention.__init__)")
     try:
         return MLASettings(q_lora_rank=read_key(layer, "q_lora_rank", where, "size", None),
-                           kv_lora_rank=_need(layer, "kv_lora_rank", where),
-                           qk_nope_head_dim=_need(layer, "qk_nope_head_dim", where),
-                           qk_rope_head_dim=_need(layer, "qk_rope_head_dim", where),
-                           v_head_dim=_need(layer, "v_head_dim", where))
+                           kv_lora_rank=config_need(layer, "kv_lora_rank", where),
+                           qk_nope_head_dim=config_need(layer, "qk_nope_head_dim", where),
+                           qk_rope_head_dim=config_need(layer, "qk_rope_head_dim", where),
+                           v_head_dim=config_need(layer, "v_head_dim", where))
     except ValueError as exc:
         if isinstance(exc, CheckpointError):
             raise
@@ -107,19 +107,19 @@ def mla_config_from_json(config: dict, config_file: Path) -> HeadConfig:
     if read_key(config, "tie_word_embeddings", config_file, "bool", False):
         raise CheckpointError(f"{config_file}: key 'tie_word_embeddings' = true: SGLang then uses embed_tokens "
                               "as the draft lm_head; not supported")
-    eagle_cfg = _section(config, "eagle_config", config_file)
-    if _flag(config, eagle_cfg, "norm_before_fc", config_file):
+    eagle_cfg = config_section(config, "eagle_config", config_file)
+    if config_flag(config, eagle_cfg, "norm_before_fc", config_file):
         raise CheckpointError(f"{config_file}: key 'norm_before_fc' = true; neither engine's MLA head has that "
                               "norm (vLLM deepseek_eagle3.py, SGLang kimi_k25_eagle3.py)")
     mla = _mla_settings(config, config_file)
     theta, scaling = _rope(config, config_file)
-    heads = _need(config, "num_attention_heads", config_file)
-    hidden = _need(config, "hidden_size", config_file)
-    vocab = _need(config, "vocab_size", config_file)
+    heads = config_need(config, "num_attention_heads", config_file)
+    hidden = config_need(config, "hidden_size", config_file)
+    vocab = config_need(config, "vocab_size", config_file)
     try:
         return HeadConfig(
             hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=heads,   # per-head k/v after kv_b
-            head_dim=mla.qk_head_dim, intermediate_size=_need(config, "intermediate_size", config_file),
+            head_dim=mla.qk_head_dim, intermediate_size=config_need(config, "intermediate_size", config_file),
             vocab_size=vocab, draft_vocab_size=read_key(config, "draft_vocab_size", config_file, "size", vocab),
             target_hidden_size=read_key(config, "target_hidden_size", config_file, "size", hidden),
             rms_norm_eps=float(read_key(config, "rms_norm_eps", config_file, "number", 1e-6)),
@@ -129,8 +129,8 @@ def mla_config_from_json(config: dict, config_file: Path) -> HeadConfig:
             num_aux=3 if read_key(eagle_cfg, "use_aux_hidden_state", config_file, "bool", True,
                                   "eagle_config.") else 1,
             norm_before_residual=read_key(config, "norm_before_residual", config_file, "bool", False),
-            fc_norm=_flag(config, eagle_cfg, "fc_norm", config_file),
-            norm_output=_flag(config, eagle_cfg, "norm_output", config_file),
+            fc_norm=config_flag(config, eagle_cfg, "fc_norm", config_file),
+            norm_output=config_flag(config, eagle_cfg, "norm_output", config_file),
             rope_interleaved=True, mla=mla)
     except ValueError as exc:
         if isinstance(exc, CheckpointError):
