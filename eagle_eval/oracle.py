@@ -142,7 +142,7 @@ def _train_acc(config: RunConfig, head_dir) -> dict | None:
 
 
 def load_oracle(config: RunConfig) -> Oracle:
-    from eagle_eval.models.target import load_target
+    from eagle_eval.models.target import execution_device, load_target
 
     notes = []
     num_draft_tokens, spec_notes = resolve_speculative(config.num_steps, config.topk, config.num_draft_tokens)
@@ -165,7 +165,7 @@ def load_oracle(config: RunConfig) -> Oracle:
     draft_device = target.output_device
     head.to(device=draft_device, dtype=target.model.dtype)
     table, table_name = _choose_embedding(config.draft_embedding, loaded, target)
-    table_device = table.weight.device
+    table_device = execution_device(table, target.model)     # an offloaded table computes on its hook's device
     dtype_t = head.lm_head.weight.dtype
 
     def embed(ids: torch.Tensor) -> torch.Tensor:

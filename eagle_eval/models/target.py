@@ -36,7 +36,7 @@ def parse_max_memory(text: str | None) -> dict | None:
         if "=" not in part:
             raise TargetError(f"--max-memory: {part!r} is not DEVICE=SIZE (e.g. 0=70GiB,cpu=100GiB)")
         dev, size = (s.strip() for s in part.split("=", 1))
-        out[int(dev) if dev.isdigit() else dev] = size
+        out[int(dev) if dev.isdigit() else dev] = int(size) if size.isdigit() else size     # bare digits: bytes
     return out
 
 
@@ -78,8 +78,8 @@ class Target:
         self.layers, self.text_config = text.layers, text.config
         self.input_embeddings, self.output_embeddings = text.input_embeddings, text.output_embeddings
         self.num_layers = len(self.layers)
-        self.input_device = self.input_embeddings.weight.device
-        self.output_device = self.output_embeddings.weight.device
+        self.input_device = execution_device(self.input_embeddings, model)
+        self.output_device = execution_device(self.output_embeddings, model)
         params = inspect.signature(model.forward).parameters
         # transformers renamed past_key_values -> cache (5.2x keeps the old name as deprecated)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -89,7 +89,7 @@ class Target:
             path=path, architecture=type(model).__name__, num_layers=self.num_layers,
             hidden_size=cfg.hidden_size, vocab_size=self.output_embeddings.weight.shape[0],
             dtype=str(model.dtype).replace("torch.", ""),
-            devices=tuple(sorted({str(p.device) for p in model.parameters()})),
+            devices=placed_devices(model),
             max_positions=getattr(cfg, "max_position_embeddings", None), decoder=f"{text.path}.layers",
             text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None,
             sliding_window=min(windows) if windows else None)
@@ -156,6 +156,32 @@ class Target:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.input_embeddings(ids.to(self.input_device))
+
+
+def _device(dev) -> torch.device:
+    return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
+
+
+def execution_device(module, model) -> torch.device:
+    """Where `module` computes: its accelerate hook's execution device when it has one (an offloaded
+    module's weights are on the meta device between forwards), else its weight's device; a meta weight
+    without a hook of its own computes on the placement's first GPU (the CPU without one)."""
+    hook = getattr(module, "_hf_hook", None)
+    if getattr(hook, "execution_device", None) is not None:
+        return _device(hook.execution_device)
+    if module.weight.device.type != "meta":
+        return module.weight.device
+    gpus = sorted(d for d in (getattr(model, "hf_device_map", None) or {}).values() if isinstance(d, int))
+    return _device(gpus[0] if gpus else "cpu")
+
+
+def placed_devices(model) -> tuple[str, ...]:
+    """The devices the target's weights live on: its accelerate placement ("cpu" and "disk" included) when
+    it has one, else its parameters' devices."""
+    placement = getattr(model, "hf_device_map", None)
+    if placement:
+        return tuple(sorted({str(_device(d)) if d != "disk" else "disk" for d in placement.values()}))
+    return tuple(sorted({str(p.device) for p in model.parameters()}))
 
 
 def _check_window(cache, what: str) -> None:
@@ -243,6 +269,9 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
     from transformers import AutoTokenizer
 
     from eagle_eval.models.quant.fp8 import resolve_fp8_matmul
+    from eagle_eval.models.quant.info import checkpoint_quantization_config
+    from eagle_eval.models.quant.int4 import int4_scheme
+    from eagle_eval.models.quant.int4_load import load_packed_model
 
     folder = Path(path)
     if not folder.is_dir():
@@ -254,15 +283,23 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
         raise TargetError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
     dm = device_map_arg(device_map)
     _check_device(device_map)
-    if dm == "auto" and not torch.cuda.is_available():
+    budget = parse_max_memory(max_memory)
+    if dm == "auto" and not torch.cuda.is_available() and budget is None:
         dm = {"": "cpu"}
     auto_class = auto_class_name(_check_files(folder, trust_remote_code), trust_remote_code)
     _check_fp8_blocks(folder)
+    int4 = int4_scheme(checkpoint_quantization_config(folder), folder / "config.json")
+    offload = offload_folder() if budget is not None else None     # a --max-memory placement may reach "disk"
     try:
-        model = getattr(transformers, auto_class).from_pretrained(
-            str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=parse_max_memory(max_memory),
-            trust_remote_code=trust_remote_code, local_files_only=True)
+        if int4 is not None:                  # held packed: models/quant/int4_load.py, not transformers' bf16 copy
+            model = load_packed_model(folder, auto_class, int4, DTYPES[dtype], dm, budget, trust_remote_code, offload)
+        else:
+            model = getattr(transformers, auto_class).from_pretrained(
+                str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=budget, offload_folder=offload,
+                trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError) as exc:
+        if isinstance(exc, UserError):
+            raise
         raise said_by(f"{folder}: transformers ({auto_class}) cannot load the target model", exc, TargetError) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
@@ -272,7 +309,7 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
                       TargetError) from exc
     if tokenizer is None or isinstance(tokenizer, bool):
         raise TargetError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json expected)")
-    if all(p.device.type == "cpu" for p in model.parameters()) and model.num_parameters() < SMALL_CPU_MODEL:
+    if all(p.device.type in ("cpu", "meta") for p in model.parameters()) and model.num_parameters() < SMALL_CPU_MODEL:
         # batch-1 decoding of a small model: intra-op threads only add synchronisation (measured
         # 10 s with one thread vs 2 min with two on a busy 2-core machine, bundled pair, 8 prompts)
         torch.set_num_threads(1)
@@ -281,11 +318,28 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
 
 
 def with_quantization(target: Target, folder: Path, fp8_matmul: dict | None = None) -> Target:
-    """Record the checkpoint's quantization (method, bits, blocks, what stayed quantized, which FP8
-    matmul runs it) in `target.info`."""
+    """Record the checkpoint's quantization (method, bits, blocks, what stayed quantized, which FP8 or
+    INT4 matmul runs it) in `target.info`."""
     from dataclasses import replace
 
     from eagle_eval.models.quant.info import quantization_info
+    from eagle_eval.models.quant.int4_load import int4_matmul_info
 
-    target.info = replace(target.info, quantization=quantization_info(target.model, folder, fp8_matmul))
+    info = quantization_info(target.model, folder, fp8_matmul, int4_matmul_info(target.model))
+    target.info = replace(target.info, quantization=info)
     return target
+
+
+_OFFLOAD_FOLDERS: list[str] = []
+
+
+def offload_folder() -> str:
+    """A fresh folder for accelerate's disk offload, removed when the process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _OFFLOAD_FOLDERS:
+        atexit.register(lambda: [shutil.rmtree(f, ignore_errors=True) for f in _OFFLOAD_FOLDERS])
+    _OFFLOAD_FOLDERS.append(tempfile.mkdtemp(prefix="eagle-eval-offload-"))
+    return _OFFLOAD_FOLDERS[-1]
