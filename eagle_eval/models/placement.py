@@ -23,9 +23,12 @@ def no_split_classes(model) -> list[str]:
 
 
 def size_bytes(text) -> int:
-    """'141GB' -> 141 * 10**9, '70GiB' -> 70 * 2**30, an int as is (accelerate's convert_file_size_to_int)."""
+    """'141GB' -> 141 * 10**9, '70GiB' -> 70 * 2**30, bare digits or an int as bytes (accelerate's
+    convert_file_size_to_int)."""
     from accelerate.utils import convert_file_size_to_int
 
+    if isinstance(text, str) and text.strip().isdigit():
+        return int(text)
     return int(convert_file_size_to_int(text))
 
 

@@ -147,17 +147,23 @@ class PackedInt4Linear(nn.Module):
     """A Linear held as compressed-tensors pack-quantized INT4 (module contract)."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int, scale_dtype: torch.dtype,
-                 bias: bool = False, dtype: torch.dtype | None = None, shape_dtype: torch.dtype = torch.int64):
+                 bias: bool = False, dtype: torch.dtype | None = None, shape_dtype: torch.dtype = torch.int64,
+                 device=None):
         super().__init__()
         if in_features % group_size:
             raise ValueError(f"in_features {in_features} is not a multiple of the group size {group_size}")
-        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        # Kimi-K2.5 has 69,120 of these: filled in directly, without nn.Module.__setattr__'s per-value
+        # isinstance checks (a plan builds them all on the meta device in seconds instead of minutes)
+        self.__dict__.update(in_features=in_features, out_features=out_features, group_size=group_size)
         words = math.ceil(in_features / PER_WORD)
-        self.weight_packed = nn.Parameter(torch.empty(out_features, words, dtype=torch.int32), requires_grad=False)
-        self.weight_scale = nn.Parameter(torch.empty(out_features, in_features // group_size, dtype=scale_dtype),
-                                         requires_grad=False)
-        self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=shape_dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+        shape = torch.tensor([out_features, in_features], dtype=shape_dtype)
+        self._parameters.update(
+            weight_packed=nn.Parameter(torch.empty(out_features, words, dtype=torch.int32, device=device),
+                                       requires_grad=False),
+            weight_scale=nn.Parameter(torch.empty(out_features, in_features // group_size, dtype=scale_dtype,
+                                                  device=device), requires_grad=False),
+            bias=nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None)
+        self._buffers["weight_shape"] = shape if device is None else shape.to(device)     # persistent
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """W [out, in] in `dtype`: expanded for one use, never kept."""
@@ -182,7 +188,7 @@ class PackedExpert(nn.Module):
 
     def __init__(self, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self._modules.update(gate_proj=gate_proj, up_proj=up_proj, down_proj=down_proj)    # as PackedInt4Linear
 
 
 class PackedInt4Experts(nn.ModuleList):

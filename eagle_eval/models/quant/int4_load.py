@@ -48,7 +48,8 @@ EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 @dataclass(frozen=True)
 class Entry:
-    """One checkpoint tensor, from its file's header."""
+    """One checkpoint tensor, from its file's header (or, for a plan without weights files, as config.json
+    says the checkpoint holds it: `file` is then the config)."""
     file: Path
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -130,9 +131,8 @@ def _packed_linear(name: str, out_features: int, in_features: int, entries: dict
                         f"{list(scale.shape)}; a float [{out_features}, {in_features // group}] is expected for "
                         f"in_features {in_features} at quantization_config.config_groups.{scheme.group}.weights."
                         f"group_size = {group}")
-    with torch.device("meta"):
-        return PackedInt4Linear(in_features, out_features, group, scale.dtype, bias=bias, dtype=dtype,
-                                shape_dtype=shape.dtype)
+    return PackedInt4Linear(in_features, out_features, group, scale.dtype, bias=bias, dtype=dtype,
+                            shape_dtype=shape.dtype, device="meta")
 
 
 def _is_fused_experts(module) -> bool:
@@ -176,11 +176,14 @@ def _packed_experts(name: str, module, entries, shapes, scheme, dtype) -> tuple[
     return PackedInt4Experts(experts, module.act_fn), packed
 
 
-def hold_packed(model, entries: dict[str, Entry], scheme: Int4Scheme, dtype: torch.dtype) -> HeldPacked:
+def hold_packed(model, entries: dict[str, Entry], scheme: Int4Scheme, dtype: torch.dtype,
+                shapes: dict[str, list[int]] | None = None) -> HeldPacked:
     """Swap, in `model` (on the meta device), every module the checkpoint ships packed for its packed form
-    (the module contract). The checks read the headers and the weight_shape values only."""
+    (the module contract). The checks read the headers and the weight_shape values only (`shapes`, when
+    given, are those values)."""
     names = sorted(k.removesuffix(".weight_packed") for k in entries if k.endswith(".weight_packed"))
-    shapes = _weight_shapes(entries, [f"{n}.weight_shape" for n in names if f"{n}.weight_shape" in entries])
+    if shapes is None:
+        shapes = _weight_shapes(entries, [f"{n}.weight_shape" for n in names if f"{n}.weight_shape" in entries])
     modules = dict(model.named_modules())
     linears, fused = [], {}
     for name in names:
