@@ -92,33 +92,69 @@ def write_dequantized_copy(fp8: Path, out: Path, block: tuple[int, int]) -> Path
     return out
 
 
+def int4_quantize(w: torch.Tensor, group: int) -> dict:
+    """w [N, K] -> the pack-quantized tensors {weight_packed, weight_scale, weight_shape}: symmetric INT4 with
+    a bf16 scale per group of `group` inputs (group amax / 7, as the fixtures choose it), quantized in
+    compressed-tensors' arithmetic (quantization/lifecycle/forward_helpers.py::_quantize: w / scale in w's
+    dtype, clamped to [-8, 7], rounded) and packed with eagle-eval's pack_int4 (compressed-tensors' bit
+    order). For machines without compressed-tensors (the GPU image); tests/test_int4.py checks it against
+    compressed-tensors' own compressor."""
+    from eagle_eval.models.quant.int4 import pack_int4
+
+    n, k = w.shape
+    grouped = w.view(n, k // group, group)
+    scale = (grouped.abs().amax(-1) / 7).clamp(min=1e-8).to(torch.bfloat16)
+    q = torch.clamp(grouped / scale[..., None], -8, 7).round().to(torch.int8).view(n, k)
+    return {"weight_packed": pack_int4(q), "weight_scale": scale, "weight_shape": torch.tensor([n, k])}
+
+
 # Kimi-K2 Thinking / K2.5's ignore list (config.json quantization_config): only the routed experts are INT4
 KIMI_IGNORE = ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"]
 
 
+def _int4_quantization_config(group_size: int, ignore) -> dict:
+    """config.json's quantization_config for the fixtures (the keys compressed-tensors 0.20.1 writes)."""
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "group_size": group_size, "strategy": "group",
+               "block_structure": None, "dynamic": False, "actorder": None, "observer": "minmax",
+               "observer_kwargs": {}}
+    return {"config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                          "output_activations": None, "format": None}},
+            "format": "pack-quantized", "ignore": list(ignore), "kv_cache_scheme": None,
+            "quantization_status": "compressed", "quant_method": "compressed-tensors"}
+
+
 def int4_compress(path: Path, pattern: re.Pattern, group_size: int = 16, ignore=("lm_head",),
-                  text_config: bool = False) -> Path:
-    """Rewrite the checkpoint at `path` with every weight whose key `pattern` finds compressed by the
-    compressed-tensors library into pack-quantized INT4 (symmetric, group scales = group amax / 7 in bf16,
-    as Kimi-K2 ships them), and its quantization_config (also under text_config when `text_config`)."""
-    from compressed_tensors.compressors import BaseCompressor
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+                  text_config: bool = False, writer: str = "compressed-tensors") -> Path:
+    """Rewrite the checkpoint at `path` with every weight whose key `pattern` finds compressed into
+    pack-quantized INT4 (symmetric, group scales = group amax / 7 in bf16, as Kimi-K2 ships them) by the
+    compressed-tensors library (`writer="eagle-eval"`: by int4_quantize, the same bytes, for machines without
+    it), and its quantization_config (also under text_config when `text_config`)."""
     from safetensors.torch import load_file
 
-    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
-        num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size))
-    compressor = BaseCompressor.get_value_from_registry("pack-quantized")
+    if writer == "compressed-tensors":
+        from compressed_tensors.compressors import BaseCompressor
+        from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+
+        scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+            num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size))
+        compressor = BaseCompressor.get_value_from_registry("pack-quantized")
+        qc = QuantizationConfig(config_groups={"group_0": scheme}, format="pack-quantized", ignore=list(ignore),
+                                quantization_status="compressed")
+        qc = {**json.loads(qc.model_dump_json()), "quant_method": "compressed-tensors"}
+    else:
+        qc = _int4_quantization_config(group_size, ignore)
     out = {}
     for key, w in load_file(path / "model.safetensors").items():
         if not pattern.search(key):
             out[key] = w
             continue
-        scale = (w.view(w.shape[0], -1, group_size).abs().amax(-1) / 7).clamp(min=1e-8).to(torch.bfloat16)
-        for name, t in compressor.compress({"weight": w, "weight_scale": scale}, scheme).items():
+        if writer == "compressed-tensors":
+            scale = (w.view(w.shape[0], -1, group_size).abs().amax(-1) / 7).clamp(min=1e-8).to(torch.bfloat16)
+            parts = compressor.compress({"weight": w, "weight_scale": scale}, scheme)
+        else:
+            parts = int4_quantize(w, group_size)
+        for name, t in parts.items():
             out[key.removesuffix("weight") + name] = t.contiguous()
-    qc = QuantizationConfig(config_groups={"group_0": scheme}, format="pack-quantized", ignore=list(ignore),
-                            quantization_status="compressed")
-    qc = {**json.loads(qc.model_dump_json()), "quant_method": "compressed-tensors"}
     _rewrite(path, out, qc)
     if text_config:
         config = json.loads((path / "config.json").read_text())
@@ -128,16 +164,17 @@ def int4_compress(path: Path, pattern: re.Pattern, group_size: int = 16, ignore=
 
 
 def make_int4_target(path: Path, group_size: int = 16, scope: str = "experts", num_layers: int = 3,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, writer: str = "compressed-tensors") -> Path:
     make_target(path, family="deepseek_v3", num_layers=num_layers, seed=seed, overrides=DSV3)
     ignore = KIMI_IGNORE if scope == "experts" else ["lm_head"]
-    return int4_compress(path, {"experts": EXPERT, "linear": PROJ}[scope], group_size, ignore)
+    return int4_compress(path, {"experts": EXPERT, "linear": PROJ}[scope], group_size, ignore, writer=writer)
 
 
 ANY_EXPERT = re.compile(r"(^|\.)model\.layers\.\d+\.mlp\.experts\.\d+\.\w+_proj\.weight$")
 
 
-def make_kimi_int4_target(path: Path, expert_layout: str = "fused", group_size: int = 16, seed: int = 0) -> Path:
+def make_kimi_int4_target(path: Path, expert_layout: str = "fused", group_size: int = 16, seed: int = 0,
+                          writer: str = "compressed-tensors") -> Path:
     """A Kimi-K2.5-style remote-code target (tests/kimi_remote: the wrapper around a DeepSeek-V3 causal LM,
     weights under language_model.) with its routed experts pack-quantized as the release ships them; the
     MoE holds transformers' fused expert tensors ("fused") or one module per expert ("list", the original
@@ -148,7 +185,7 @@ def make_kimi_int4_target(path: Path, expert_layout: str = "fused", group_size: 
                        overrides=DSV3)
     make_kimi_style(text, path, expert_layout=expert_layout)
     return int4_compress(path, ANY_EXPERT, group_size, KIMI_IGNORE + ["re:.*vision_tower.*", "re:.*mm_projector.*"],
-                         text_config=True)
+                         text_config=True, writer=writer)
 
 
 def write_int4_dequantized_copy(packed: Path, out: Path) -> Path:

@@ -82,6 +82,27 @@ def test_bit_order_is_compressed_tensors_own():
     assert unpack_int4(torch.tensor([[0x21]], dtype=torch.int32), 2).tolist() == [[1 - 8, 2 - 8]]
 
 
+def test_the_fixtures_own_writer_is_compressed_tensors_bytes(built, tmp_path):
+    """The writer used where compressed-tensors is not installed (the GPU image) writes the same files."""
+    from quant_fixtures import int4_quantize
+
+    own = make_int4_target(tmp_path / "own", writer="eagle-eval")
+    theirs, mine = load_file(built["experts"] / "model.safetensors"), load_file(own / "model.safetensors")
+    assert theirs.keys() == mine.keys() and all(torch.equal(theirs[k], mine[k]) for k in theirs)
+    cfg = lambda f: json.loads((f / "config.json").read_text())["quantization_config"]           # noqa: E731
+    assert int4_scheme(cfg(own), "x") == int4_scheme(cfg(built["experts"]), "x")
+    w = torch.randn(8, 64, dtype=torch.bfloat16)                 # bf16 weights: the division in bf16, as theirs
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    ours = int4_quantize(w, 32)
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(num_bits=4, type="int", symmetric=True,
+                                                                             strategy="group", group_size=32))
+    ref = BaseCompressor.get_value_from_registry("pack-quantized").compress(
+        {"weight": w, "weight_scale": ours["weight_scale"]}, scheme)
+    assert torch.equal(ref["weight_packed"], ours["weight_packed"])
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_dequantized_weights_are_compressed_tensors_decompression(built, kind):
     target = load(built, kind)

@@ -198,7 +198,8 @@ class PackedInt4Experts(nn.ModuleList):
     def __init__(self, experts: list[PackedExpert], act_fn):
         super().__init__(experts)
         self.num_experts = len(experts)
-        self.act_fn = act_fn
+        # not a child module: the list's entries (and its state dict) are exactly the checkpoint's experts
+        object.__setattr__(self, "act_fn", act_fn)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
