@@ -63,7 +63,7 @@ def main():
     args = ap.parse_args()
     gpu = torch.cuda.is_available() and not args.tiny
     device, dtype, shape = ("cuda:0", torch.bfloat16, "8b") if gpu else ("cpu", torch.float32, "tiny")
-    new = args.new_tokens or (32 if gpu else 24)
+    new = args.new_tokens or (16 if gpu else 24)
     model, head = build(shape, device, dtype)
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     g = torch.Generator().manual_seed(1)

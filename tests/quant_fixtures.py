@@ -12,7 +12,7 @@
   expert tensors or one module per expert (the original remote code's layout).
 - `write_int4_dequantized_copy`: compressed-tensors' own decompression of such a target, as a plain
   fp32 checkpoint (the reference the packed model is compared with).
-The MLA dims are multiples of the block/group size (see README "Quantized targets" for why).
+The MLA dims are multiples of the block/group size (see docs/quantized.md for why).
 """
 
 from __future__ import annotations

@@ -315,7 +315,8 @@ def _suggestions(sizer: _Sizer, context: int, gpus: int, per_gpu: int, working: 
         out.append(f"{n} GPUs of this size" if n <= MAX_GPUS else f"more than {MAX_GPUS} GPUs of this size")
     _, used = sizer.place(context, gpus, per_gpu, working, cpu=1 << 60)
     on_cpu = sum(v["weights"] + v["kv"] + v["head"] for d, v in used.items() if d == "cpu")
-    out.append(f"CPU offload: --max-memory {','.join(f'{i}={per_gpu}' for i in range(gpus))},cpu={on_cpu + (1 << 30)} "
+    gpu_gib, cpu_gib = per_gpu // 2**30, -(-on_cpu // 2**30) + 1          # a GPU's budget down, the CPU's up
+    out.append(f"CPU offload: --max-memory {','.join(f'{i}={gpu_gib}GiB' for i in range(gpus))},cpu={cpu_gib}GiB "
                f"holds {human(on_cpu)} on the CPU, copied to a GPU at every forward (docs/quantized.md: the cost "
                "per cycle)")
     _, empty = sizer.place(1, gpus, per_gpu, 0)
