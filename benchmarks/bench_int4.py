@@ -112,7 +112,8 @@ def int4_copy(model, group: int):
     """(the copy of `model` with its routed experts held packed, the packed experts by name, their bytes);
     `model`'s experts now hold the dequantized INT4 values (module docstring)."""
     device = model.get_input_embeddings().weight.device
-    packed = {name: packed_experts(m, group, device) for name, m in model.named_modules() if name.endswith("mlp.experts")}
+    packed = {name: packed_experts(m, group, device) for name, m in model.named_modules()
+              if name.endswith("mlp.experts")}
     modules = {name: module for name, (module, _) in packed.items()}
     return swapped(model, modules), modules, sum(nbytes for _, nbytes in packed.values())
 
@@ -154,7 +155,8 @@ def int4_section(model, held, packed: dict, packed_bytes: int, head, prompts, ar
         "loop_ms_per_cycle": measured["loop"]["loop_ms_per_cycle"] / bf16["loop"]["loop_ms_per_cycle"],
         "profile_step_tokens_per_s": (measured["profile"]["profile_step_tokens_per_s"]
                                       / bf16["profile"]["profile_step_tokens_per_s"]),
-        "expert_memory": packed_bytes / bf16_experts, "parameter_memory": out["parameter_gib"] / out["bf16_parameter_gib"]}
+        "expert_memory": packed_bytes / bf16_experts,
+        "parameter_memory": out["parameter_gib"] / out["bf16_parameter_gib"]}
     out.pop("loop_tokens")
     return out
 

@@ -64,8 +64,9 @@ def plain_model(built, kind):
     """compressed-tensors' decompression as transformers runs it: its eager expert loop, fp32."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(built[kind + "/plain"], dtype=torch.float32, trust_remote_code=kind in REMOTE,
-                                                experts_implementation="eager", local_files_only=True).eval()
+    return AutoModelForCausalLM.from_pretrained(built[kind + "/plain"], dtype=torch.float32,
+                                                trust_remote_code=kind in REMOTE, experts_implementation="eager",
+                                                local_files_only=True).eval()
 
 
 def test_bit_order_is_compressed_tensors_own():
@@ -122,7 +123,8 @@ def test_held_bytes_are_the_packed_checkpoint_not_bf16(built, kind):
     stored = checkpoint_tensors(built[kind])
     info = target.info.quantization
     assert info["held_bytes"] == sum(e.nbytes for e in stored.values())         # fp32 run of an fp32 + packed file
-    shapes = {k: v.tolist() for k, v in load_file(built[kind] / "model.safetensors").items() if k.endswith("weight_shape")}
+    shapes = {k: v.tolist() for k, v in load_file(built[kind] / "model.safetensors").items()
+              if k.endswith("weight_shape")}
     # the format's size per [out, in] weight: 4 bits a value, one bf16 scale per 16 values, an int64 [2] shape
     packed_bytes = sum(out * inp // 2 + out * inp // 16 * 2 + 16 for out, inp in shapes.values())
     held_packed = sum(t.numel() * t.element_size() for m in target.model.modules() if isinstance(m, PackedInt4Linear)
@@ -211,17 +213,20 @@ def _config(folder, fn):
 KEY = "model.layers.1.mlp.experts.2.up_proj"
 FIRST = "model.layers.1.mlp.experts.0.gate_proj"         # the first packed module, checked first
 BAD = {
-    "packed shape": (lambda f: _tensors(f, lambda t: t.update({KEY + ".weight_packed": t[KEY + ".weight_packed"][:, :4].contiguous()})),
+    "packed shape": (lambda f: _tensors(f, lambda t: t.update(
+                         {KEY + ".weight_packed": t[KEY + ".weight_packed"][:, :4].contiguous()})),
                      rf"{KEY}.weight_packed is int32 \[32, 4\], which does not hold weight_shape \[32, 48\]: "
                      r"int32 \[32, 6\] expected"),
     "weight_shape": (lambda f: _tensors(f, lambda t: t.update({KEY + ".weight_shape": torch.tensor([32, 40])})),
                      rf"{KEY}.weight_shape = \[32, 40\], but the model built from config.json has \[32, 48\]"),
     "missing scale": (lambda f: _tensors(f, lambda t: t.pop(KEY + ".weight_scale")),
-                      rf"{KEY}.weight_packed has no {KEY}.weight_scale \(a pack-quantized weight needs its group scales\)"),
+                      rf"{KEY}.weight_packed has no {KEY}.weight_scale \(a pack-quantized weight needs its "
+                      r"group scales\)"),
     "group size 24": (lambda f: _config(f, lambda w: w.update(group_size=24)),
                       rf"{FIRST}.weight_scale is bfloat16 \[32, 3\]; a float \[32, 2\] is expected .*group_size = 24"),
     "group size 20": (lambda f: _config(f, lambda w: w.update(group_size=20)),
-                      rf"{FIRST}: quantization_config.config_groups.group_0.weights.group_size = 20 does not divide in_features 48"),
+                      rf"{FIRST}: quantization_config.config_groups.group_0.weights.group_size = 20 does not "
+                      r"divide in_features 48"),
     "group size 0": (lambda f: _config(f, lambda w: w.update(group_size=0)),
                      r"config_groups.group_0.weights.group_size = 0: the group size must be a positive integer"),
     "asymmetric": (lambda f: _config(f, lambda w: w.update(symmetric=False)),
@@ -264,4 +269,5 @@ def test_int4_scheme_reads_the_kimi_release_config():
 def test_expert_regex_still_names_the_fixture_layout(built):
     """The plain fixture's experts are what EXPERT names (the FP8 tests rely on the same key layout)."""
     keys = checkpoint_tensors(built["experts"])
-    assert sum(bool(EXPERT.match(k.replace("weight_packed", "weight"))) for k in keys if k.endswith("weight_packed")) == 24
+    packed = [k.replace("weight_packed", "weight") for k in keys if k.endswith("weight_packed")]
+    assert sum(bool(EXPERT.match(k)) for k in packed) == len(packed) == 24

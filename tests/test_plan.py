@@ -41,7 +41,8 @@ def part(plan, name):
 def test_kimi_k25_held_packed_fits_8_h200_and_bf16_does_not(tmp_path):
     code, out = plan_cli("--target", str(DATA / "kimi-k2.5"), *H200, "--json", str(tmp_path / "plan.json"))
     assert code == 0, out
-    assert re.search(r"FITS  fits: 8 x 131\.3 GiB, [\d.]+ GiB left on the fullest GPU \(context 262144 x batch 1\)", out)
+    assert re.search(r"FITS  fits: 8 x 131\.3 GiB, [\d.]+ GiB left on the fullest GPU "
+                     r"\(context 262144 x batch 1\)", out)
     plan = json.loads((tmp_path / "plan.json").read_text())
     experts = next(p for p in plan["parts"] if p["part"] == "routed experts")
     # the release's tensor list: per projection over the 60 MoE layers x 384 experts, weight_packed int32
@@ -128,7 +129,8 @@ def test_plan_from_an_index_places_as_the_loader_does(tmp_path):
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(full / "config.json", bare / "config.json")
-    (bare / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names, "x.safetensors")}))
+    index = {"weight_map": dict.fromkeys(names, "x.safetensors")}
+    (bare / "model.safetensors.index.json").write_text(json.dumps(index))
     planned = held_meta_model(bare, torch.float32).model
     assert held_meta_model(bare, torch.float32).formats["source"] == "the safetensors index's tensor names"
     loader = build_empty(full, "AutoModelForCausalLM", torch.float32, False)
@@ -145,13 +147,14 @@ def test_plan_from_an_index_places_as_the_loader_does(tmp_path):
 def test_head_bytes_and_kv_ride_with_the_lm_head(tmp_path):
     target = make_target(tmp_path / "t", family="llama", num_layers=4)
     head = make_head(tmp_path / "h")
-    plan = make_plan(PlanRequest(target=str(target), draft=str(head), gpus=2, gpu_memory="1MB", reserve="0", dtype="fp32",
-                                 max_context=512))
+    plan = make_plan(PlanRequest(target=str(target), draft=str(head), gpus=2, gpu_memory="1MB", reserve="0",
+                                 dtype="fp32", max_context=512))
     assert plan.head["bytes"] == checkpoint_bytes(head)
     assert plan.head["kv_per_token"] == 2 * 2 * 12 * 4                         # K and V, 2 kv heads x 12, fp32
     assert plan.kv["per_token"] == 4 * 2 * 2 * 12 * 4 and plan.kv["total"] == 512 * (4 + 1) * 2 * 2 * 12 * 4
     lm_head_gpu = plan.target["device_map"].get("lm_head", 0)
-    assert [g["head"] for g in plan.gpus if g["gpu"] == lm_head_gpu] == [plan.head["bytes"] + 512 * plan.head["kv_per_token"]]
+    on_lm_head_gpu = [g["head"] for g in plan.gpus if g["gpu"] == lm_head_gpu]
+    assert on_lm_head_gpu == [plan.head["bytes"] + 512 * plan.head["kv_per_token"]]
 
 
 def test_the_index_names_what_is_not_held(tmp_path):
@@ -171,7 +174,8 @@ def test_the_index_names_what_is_not_held(tmp_path):
 
 BAD = {
     "no folder": (["--target", "/nonexistent/x", *H200], r"/nonexistent/x: target folder does not exist"),
-    "no config": (["--gpus", "1", "--gpu-memory", "1GB"], r"config.json: missing \(a plan needs the target's config.json\)"),
+    "no config": (["--gpus", "1", "--gpu-memory", "1GB"],
+                  r"config.json: missing \(a plan needs the target's config.json\)"),
     "bad size": (["--gpus", "2", "--gpu-memory", "lots"], r"--gpu-memory 'lots': not a size \(e.g. 141GB, 80GiB\)"),
     "no gpus": ([], r"no GPU is visible here: give --gpus N and --gpu-memory SIZE"),
     "batch 0": (["--gpus", "1", "--gpu-memory", "1GB", "--batch", "0"], r"--batch must be a positive integer, got 0"),

@@ -60,7 +60,7 @@ class PlanRequest:
             raise PlanError(f"--quantized must be held or dequantized, got {self.quantized!r}")
         for name in ("gpus", "max_context", "batch"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < (0 if name == "max_context" else 1)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise PlanError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
 
 
@@ -93,7 +93,8 @@ def _gpus(req: PlanRequest) -> tuple[int, int]:
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     count = req.gpus if req.gpus is not None else visible
     if count == 0:
-        raise PlanError("no GPU is visible here: give --gpus N and --gpu-memory SIZE (e.g. --gpus 8 --gpu-memory 141GB)")
+        raise PlanError("no GPU is visible here: give --gpus N and --gpu-memory SIZE "
+                        "(e.g. --gpus 8 --gpu-memory 141GB)")
     if req.gpu_memory is not None:
         return count, _size(req.gpu_memory, "--gpu-memory")
     if visible == 0:
@@ -222,7 +223,8 @@ def _per_device(model, device_map: dict) -> dict:
     for name, t in _tensors(model):
         dev = _owner(name, device_map)
         slot = out.setdefault(dev, {"weights": 0, "kv": 0, "head": 0})
-        slot["kv" if name.endswith(KV) else "head" if name.endswith(HEAD) else "weights"] += t.numel() * t.element_size()
+        what = "kv" if name.endswith(KV) else "head" if name.endswith(HEAD) else "weights"
+        slot[what] += t.numel() * t.element_size()
     return out
 
 
@@ -261,7 +263,8 @@ def make_plan(req: PlanRequest) -> Plan:
     held = held_meta_model(folder, dtype, req.quantized == "held", req.trust_remote_code)
     model = held.model
     decoder = find_text_decoder(model, str(folder), PlanError)
-    context = req.max_context if req.max_context is not None else getattr(decoder.config, "max_position_embeddings", None)
+    context = req.max_context if req.max_context is not None else getattr(decoder.config, "max_position_embeddings",
+                                                                           None)
     if not context:
         raise PlanError(f"{folder / 'config.json'}: no max_position_embeddings; give --max-context N")
     head, head_bytes, head_kv = _head_bytes(req, dtype)
@@ -345,7 +348,8 @@ def human(n: int) -> str:
 
 def render_plan(plan: Plan) -> str:
     t = plan.target
-    lines = [f"target  {t['path']}: {t['built']}, {t['layers']} layers, {t['dtype']}, quantized weights {t['quantized']}"]
+    lines = [f"target  {t['path']}: {t['built']}, {t['layers']} layers, {t['dtype']}, "
+             f"quantized weights {t['quantized']}"]
     if t["formats"]:
         f = t["formats"]
         lines.append(f"quant   {f['method']}: {f['held']} (from {f['source']})")

@@ -127,7 +127,8 @@ def _linear_sites(model) -> dict[str, tuple[int, int]]:
             sites[name] = (module.out_features, module.in_features)
         elif _is_fused_experts(module):
             num, two_i, hidden = module.gate_up_proj.shape
-            dims = {"gate_proj": (two_i // 2, hidden), "up_proj": (two_i // 2, hidden), "down_proj": (hidden, two_i // 2)}
+            inter = two_i // 2
+            dims = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
             sites.update({f"{name}.{e}.{p}": dims[p] for e in range(num) for p in EXPERT_PROJS})
     return sites
 
@@ -153,7 +154,8 @@ def _int4_entries(sites: dict, packed: set, where: Path, group: int):
     for name, (out, inp) in sites.items():
         if name in packed:
             entries[f"{name}.weight_packed"] = Entry(where, torch.int32, (out, math.ceil(inp / PER_WORD)))
-            entries[f"{name}.weight_scale"] = Entry(where, torch.bfloat16, (out, inp // group if inp % group == 0 else -1))
+            groups = inp // group if inp % group == 0 else -1       # -1: _packed_linear names the group size
+            entries[f"{name}.weight_scale"] = Entry(where, torch.bfloat16, (out, groups))
             entries[f"{name}.weight_shape"] = Entry(where, torch.int64, (2,))
             shapes[f"{name}.weight_shape"] = [out, inp]
         else:
@@ -178,7 +180,8 @@ def _hold_int4(model, folder: Path, scheme, dtype, prefix: str, index_names: lis
         source = "the safetensors headers"
     else:
         if index_names is not None:
-            packed = {n.removesuffix(".weight_packed") for n in _strip(index_names, prefix) if n.endswith(".weight_packed")}
+            packed = {n.removesuffix(".weight_packed") for n in _strip(index_names, prefix)
+                      if n.endswith(".weight_packed")}
             source = "the safetensors index's tensor names"
         else:
             modules = dict(model.named_modules())
