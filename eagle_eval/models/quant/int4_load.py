@@ -144,9 +144,10 @@ def _check_fused(name: str, module, where: Path) -> None:
     """Only the layout whose per-expert forward is act(gate) * up, without biases, is rebuilt."""
     from transformers.integrations import moe
 
-    apply_gate = getattr(type(module), "_apply_gate", moe._default_apply_gate)
+    default = getattr(moe, "_default_apply_gate", None)          # transformers' act(gate) * up (5.24)
+    apply_gate = getattr(type(module), "_apply_gate", default)
     if (getattr(module, "is_transposed", False) or getattr(module, "has_bias", False)
-            or not getattr(module, "has_gate", True) or apply_gate is not moe._default_apply_gate):
+            or not getattr(module, "has_gate", True) or apply_gate is not default):
         raise Int4Error(f"{where}: {name} ({type(module).__name__}) holds its routed experts fused in a layout "
                         "eagle-eval does not rebuild packed (transposed, biased, ungated or a custom gate)")
 
