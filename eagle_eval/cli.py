@@ -24,6 +24,7 @@ from eagle_eval.settings import (
     ConfigError,
     Group,
     LoopOptions,
+    PlanOptions,
     ProfileOptions,
     Settings,
     field_types,
@@ -40,9 +41,12 @@ NOT_USED = {
     "diagnose": {"resume"},
     "server-check": {"resume"},
 }
+OWN_ONLY = {"plan"}                  # commands that take their own options and no Settings
 
 
 def _own_options(command: str) -> type[Group] | None:
+    if command == "plan":
+        return PlanOptions
     if command == "diagnose":
         from eagle_eval.diagnose.options import DiagnoseOptions
         return DiagnoseOptions
@@ -103,9 +107,10 @@ def settings_options(command: str):
         own = _own_options(command)
         opts = [click.option("--config", "config_file", default=None, metavar="FILE",
                              help="A YAML or JSON settings file (e.g. a run folder's settings.yaml); flags override it.")]
-        for cls in [*GROUPS.values(), *([own] if own else [])]:
+        groups = [] if command in OWN_ONLY else list(GROUPS.values())
+        for cls in [*groups, *([own] if own else [])]:
             for f in fields(cls):
-                if f.metadata.get("cli", True) and f.name not in NOT_USED[command]:
+                if f.metadata.get("cli", True) and f.name not in NOT_USED.get(command, set()):
                     opts.append(_click_option(f, cls))
         for opt in reversed(opts):
             fn = opt(fn)
@@ -118,7 +123,8 @@ def build(command: str, kw: dict) -> tuple[Settings, Group | None]:
     ctx = click.get_current_context()
     own_cls = _own_options(command)
     flat = read_settings_file(kw["config_file"], command, own_cls) if kw.get("config_file") else {}
-    owners = {f.name: (f, cls) for cls in [*GROUPS.values(), *([own_cls] if own_cls else [])] for f in fields(cls)}
+    groups = [] if command in OWN_ONLY else list(GROUPS.values())
+    owners = {f.name: (f, cls) for cls in [*groups, *([own_cls] if own_cls else [])] for f in fields(cls)}
     for name, value in kw.items():
         if name == "config_file" or ctx.get_parameter_source(name) not in (ParameterSource.COMMANDLINE,
                                                                           ParameterSource.ENVIRONMENT):
@@ -126,6 +132,8 @@ def build(command: str, kw: dict) -> tuple[Settings, Group | None]:
         f, cls = owners[name]
         flat[name] = _from_cli(f, cls, value)
     settings_flat, own_flat = split_flat(flat, own_cls)
+    if command in OWN_ONLY:
+        return None, own_cls(**own_flat)
     return Settings.of(**settings_flat), (own_cls(**own_flat) if own_cls else None)
 
 
@@ -278,6 +286,21 @@ def _diagnose(kw: dict) -> None:
     _run_check("diagnose", kw, diagnose, render_diagnosis, "diagnosis.json")
 
 
+def _plan(kw: dict) -> None:
+    import json
+    from pathlib import Path
+
+    from eagle_eval.models.plan import make_plan, render_plan
+
+    (_, options), _ = call(build, "plan", kw)
+    plan, caught = call(make_plan, options)
+    echo(render_plan(plan), caught)
+    if options.json_file:
+        Path(options.json_file).write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
+        click.echo(f"\nwrote {options.json_file}")
+    sys.exit(ExitCode.OK if plan.fits else ExitCode.FAILED)
+
+
 SETTINGS_COMMANDS = {
     "run": (_run, "Evaluate a head on a prompt set and print the per-position report (exit 1: a load-time error, "
                   "or a lossless check that diverged)."),
@@ -292,6 +315,9 @@ SETTINGS_COMMANDS = {
     "diagnose": (_diagnose, "Find train/serve mismatches: load-time checks, aux-layer sweep, training-dump match, "
                             "chat template. Exit 0 = consistent (nothing wrong), 1 = a mismatch or an error-level "
                             "finding, 3 = a check that could not decide (inconclusive), 2 = bad input."),
+    "plan": (_plan, "Does the target (and head) fit these GPUs? Bytes of every part as held, the KV cache per "
+                    "token, the placement accelerate would choose and room left per GPU; no weight is read. "
+                    "Exit 0 = fits, 1 = does not fit (and what would), 2 = bad input."),
 }
 
 
@@ -367,6 +393,38 @@ def reference_markdown() -> str:
             lines.append(f"| `{cell(decl)}` | {cell(default)} | {cell(text)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+@main.command("plan")
+@click.option("--target", required=True,
+              help="Target folder: config.json (and model.safetensors.index.json if any); no weights are read.")
+@click.option("--draft", default=None, help="EAGLE-3 head folder (optional): its bytes and KV cache, with the lm_head.")
+@click.option("--gpus", type=int, default=None, help="GPUs to plan for (default: those visible here).")
+@click.option("--gpu-memory", default=None, help="Memory of each GPU, e.g. 141GB or 80GiB (default: the visible GPUs').")
+@click.option("--max-context", type=int, default=None,
+              help="Tokens per sequence for the KV cache (default: the target's max_position_embeddings).")
+@click.option("--batch", type=int, default=1, show_default=True, help="Sequences at once.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--quantized", type=click.Choice(["held", "dequantized"]), default="held", show_default=True,
+              help="held: quantized weights as eagle-eval loads them (INT4 packed, FP8 blocks on an FP8 GPU); "
+                   "dequantized: every weight in --dtype (transformers' INT4 decompression).")
+@click.option("--reserve", default="2GiB", show_default=True,
+              help="Kept free on each GPU for the CUDA context and activations.")
+@click.option("--trust-remote-code", is_flag=True, default=False, help="Build the folder's own model code.")
+@click.option("--json", "json_path", default=None, help="Also write the plan as JSON to this file.")
+def plan_command(json_path, **kw):
+    """Does the target (and head) fit these GPUs? Bytes of every part as held, the KV cache per token, the
+    placement accelerate would choose and room left per GPU. Exit 0 = fits, 1 = does not fit, 2 = bad input."""
+    import json
+    from pathlib import Path
+
+    from eagle_eval.models.plan import PlanRequest, make_plan, render_plan
+
+    plan, caught = call(lambda: make_plan(PlanRequest(**kw)))
+    echo(render_plan(plan), caught)
+    if json_path:
+        Path(json_path).write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
+    sys.exit(0 if plan.fits else 1)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 
 from eagle_eval.models.capture import AuxLayers, engine_taps, resolve_aux_layers, sglang_deepseek_family
 from eagle_eval.models.heads.io import LoadedHead, load_head
-from eagle_eval.models.target import Target, TargetInfo, load_target
+from eagle_eval.models.target import Target, TargetInfo, execution_device, load_target
 from eagle_eval.results.records import Prompt, SampleRecord
 from eagle_eval.settings import ConfigError, ModelSettings, Settings
 from eagle_eval.speculative.chain import Speculator, speculative_decode
@@ -342,7 +342,8 @@ def wire(settings: Settings, loaded: Loaded) -> Oracle:
                              lh.aux_ids_sglang, lh.aux_ids_vllm)
     draft_device = target.output_device
     table, table_name = _choose_embedding(spec_s.draft_embedding, lh, target)
-    table_device, dtype_t = table.weight.device, head.lm_head.weight.dtype
+    table_device = execution_device(table, target.model)     # an offloaded table computes on its hook's device
+    dtype_t = head.lm_head.weight.dtype
 
     def embed(ids: torch.Tensor) -> torch.Tensor:
         return table(ids.to(table_device)).to(draft_device, dtype_t)

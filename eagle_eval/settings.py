@@ -630,3 +630,29 @@ def split_flat(flat: dict, own: type[Group] | None) -> tuple[dict, dict]:
 
 def field_default(f):
     return f.default if f.default is not MISSING else f.default_factory()
+
+
+@dataclass(frozen=True)
+class PlanOptions(Group):
+    """`plan`: does a target (and head) fit these GPUs? No weight is read (models/plan.py)."""
+    target: str | None = opt(None, "Target folder: config.json (and model.safetensors.index.json if any); no weights "
+                             "are read (required).")
+    draft: str | None = opt(None, "EAGLE-3 head folder (optional): its bytes and KV cache, with the lm_head.")
+    gpus: int | None = opt(None, "GPUs to plan for (default: those visible here).")
+    gpu_memory: str | None = opt(None, "Memory of each GPU, e.g. 141GB or 80GiB (default: the visible GPUs').")
+    max_context: int | None = opt(None, "Tokens per sequence for the KV cache (default: the target's "
+                                  "max_position_embeddings).")
+    batch: int = opt(1, "Sequences at once.")
+    dtype: str = opt("bf16", "The run's dtype.", choices=("bf16", "fp16", "fp32"))
+    quantized: str = opt("held", "held: quantized weights as eagle-eval loads them (INT4 packed, FP8 blocks on an FP8 "
+                         "GPU); dequantized: every weight in --dtype (transformers' INT4 decompression).",
+                         choices=("held", "dequantized"))
+    reserve: str = opt("2GiB", "Kept free on each GPU for the CUDA context and activations.")
+    trust_remote_code: bool = opt(False, "Build the folder's own model code.")
+    json_file: str | None = opt(None, "Also write the plan as JSON to this file.", flag="--json")
+
+    def validate(self):
+        if self.target is None:
+            raise ConfigError("--target is required (a folder holding the target's config.json)")
+        for name in ("gpus", "max_context", "batch"):
+            at_least(getattr(self, name), 1, f"--{name.replace('_', '-')}")

@@ -90,3 +90,70 @@ def test_speed_benchmark_runs_tiny_and_its_comparisons_hold(tmp_path):
     assert "experts" in res["capture_blocker"] and set(res["batched"]) == {"1", "4"}
     split = json.loads((tmp_path / "bench_speed.json").read_text())["split"]
     assert split["cpu_layers"] == [3] and split["batched_tokens_equal_reference"] is True
+
+
+def test_int4_benchmark_copy_holds_packed_experts_with_the_same_weights_and_is_lossless():
+    """bench_int4's copy: every routed expert held packed (the release's format, checked against
+    compressed-tensors' words in test_int4.py), the dense model's experts overwritten with exactly the
+    dequantized values, every other weight shared; both loops equal their own greedy decoding (fp32)."""
+    import torch
+
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import bench_deepseek
+    from bench_int4 import TINY, int4_copy, make_oracle, swapped
+
+    from eagle_eval.models.quant.int4 import PackedInt4Experts, PackedInt4Linear
+    from eagle_eval.speculative.chain import speculative_decode
+    from eagle_eval.speculative.greedy import plain_greedy
+
+    saved = bench_deepseek.TINY
+    bench_deepseek.TINY = TINY
+    try:
+        model, head = bench_deepseek.build(tiny=True, layers=3, device="cpu", dtype=torch.float32)
+    finally:
+        bench_deepseek.TINY = saved
+    original = model.model.layers[1].mlp.experts.gate_up_proj.detach().clone()
+    held, packed, nbytes = int4_copy(model, 16)
+    experts = held.model.layers[1].mlp.experts
+    assert isinstance(experts, PackedInt4Experts) and len(experts) == 16
+    assert type(model.model.layers[1].mlp.experts).__name__ == "DeepseekV3Experts"          # the dense model kept
+    dense = model.model.layers[1].mlp.experts.gate_up_proj
+    assert torch.equal(torch.cat([experts[5].gate_proj.dequantized(torch.float32),
+                                  experts[5].up_proj.dequantized(torch.float32)]), dense[5])
+    assert 0 < (dense - original).abs().max() <= original.abs().max() / 7     # rounded to INT4 steps
+    assert held.model.layers[1].self_attn is model.model.layers[1].self_attn   # shared, not copied
+    assert nbytes == sum(t.numel() * t.element_size() for m in held.modules() if isinstance(m, PackedInt4Linear)
+                         for t in m.state_dict().values())
+    ids = torch.randint(10, 500, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(held(ids).logits, model(ids).logits, atol=1e-5)   # same weights, other matmul order
+    p = torch.randint(10, 500, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    for m in (model, held, swapped(model, packed, dtype=torch.float64)):
+        spec = make_oracle(m, head.to(m.dtype) if m.dtype != head.lm_head.weight.dtype else head, 3, 12).speculator
+        assert speculative_decode(spec, p, 3, 12, set()).output_ids == plain_greedy(spec.target, p, 12, set())
+    assert model.dtype == torch.float32 and held.model.layers[0].self_attn.o_proj.weight.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_int4_load_benchmark_runs_tiny_and_the_packed_load_stays_near_the_checkpoint(tmp_path):
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_int4_load.py"), "--tiny", "--layers", "2",
+           "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    out = json.loads((tmp_path / "bench_int4_load.json").read_text())
+    ckpt, ours, theirs = out["checkpoint"]["checkpoint"], out["eagle-eval"], out["transformers"]
+    assert ckpt == out["checkpoint"]["packed"] + out["checkpoint"]["other"] and out["bf16_over_checkpoint"] > 2
+    assert ckpt <= ours["held_bytes"] < 1.01 * ckpt            # the router kept in fp32 is the difference
+    assert "int32" in ours["held_dtypes"] and ours["host_peak_added"] < 2 * ckpt
+    if "error" not in theirs:                                   # transformers decompresses the experts to bf16
+        assert theirs["held_bytes"] > 2 * ckpt and "int32" not in theirs["held_dtypes"]
+        assert theirs["host_peak_added"] > 1.5 * ours["host_peak_added"]
+
+
+@pytest.mark.slow
+def test_offload_benchmark_runs_tiny_and_the_split_loop_is_the_resident_one(tmp_path):
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_offload.py"), "--tiny", "--new-tokens", "6",
+           "--num-steps", "2", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    out = json.loads((tmp_path / "bench_offload.json").read_text())
+    assert out["comparison"]["tokens_equal"] is True
+    assert set(out["offloaded"]["bytes_by_device"]) == {"cpu", "disk"} and out["comparison"]["offloaded_bytes"] > 0

@@ -1,7 +1,7 @@
 """Quantized DeepSeek-V3-architecture targets (block-wise FP8, compressed-tensors INT4) through transformers.
 
-On the CPU transformers dequantizes FP8 on load (its FP8 matmuls need a GPU); compressed-tensors keeps
-compressed Linear modules packed until their first forward. The checks run against the SAME loaded
+On the CPU transformers dequantizes FP8 on load (its FP8 matmuls need a GPU); compressed-tensors INT4 is
+held packed by eagle-eval's own loader (tests/test_int4.py covers it in depth). The checks run against the SAME loaded
 quantized model: the loop equals its `generate`, the profile equals the loop, and the draft's aux
 features are its own hidden states.
 """
@@ -72,16 +72,17 @@ def test_int4_info_names_what_stayed_quantized(built):
     assert info["groups"][0]["group_size"] == 16 and info["groups"][0]["strategy"] == "group"
     assert set(info["quantized_modules"]) == {f"model.layers.*.mlp.experts.*.{p}_proj" for p in ("gate", "up", "down")}
     assert "model.layers.*.self_attn.q_a_proj" in info["unquantized_modules"] and "lm_head" in info["unquantized_modules"]
-    # transformers fuses the routed experts, so it decompresses them on load (in the scales' bf16)
-    assert info["held_quantized_modules"] == 0 and info["in_memory"] == "dequantized on load to bfloat16, float32"
+    # held packed by eagle-eval (models/quant/int4_load.py), not decompressed on load as transformers does
+    assert info["held_quantized_modules"] == 24 and info["in_memory"].startswith("held packed INT4 (24 modules)")
+    assert info["int4_matmul"]["expert_modules"] == 2 and info["int4_matmul"]["expert_linears"] == 24
 
     linear, _ = load_target(str(built["int4-linear"]), dtype="fp32", device_map="cpu")
     info = linear.info.quantization
-    assert info["quantized_module_count"] == 48 and info["held_quantized_modules"] == 24   # 48 - 24 routed experts
-    assert type(linear.layers[1].self_attn.q_b_proj).__name__ == "Linear"
+    assert info["quantized_module_count"] == 48 and info["held_quantized_modules"] == 48
+    assert type(linear.layers[1].self_attn.q_b_proj).__name__ == "PackedInt4Linear"
     assert linear.layers[1].self_attn.q_b_proj.weight_packed.dtype == torch.int32
     linear.forward(torch.tensor([[1, 7, 9]]), linear.new_cache())
-    assert held_quantized(linear.model) == 0     # compressed-tensors decompressed them on the first forward
+    assert held_quantized(linear.model) == 48    # still packed after a forward: expanded per matmul, never kept
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

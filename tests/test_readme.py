@@ -16,7 +16,7 @@ BLOCKS = re.findall(r"```(bash|python)\n(.*?)```", README, flags=re.S)
 
 def test_the_readme_has_examples_of_every_command():
     text = "\n".join(code for kind, code in BLOCKS)
-    for command in ("run", "profile", "ablate", "diagnose", "report"):
+    for command in ("run", "profile", "ablate", "diagnose", "report", "plan"):
         assert f"eagle-eval {command} " in text, command
     assert "--config" in text and any(kind == "python" for kind, _ in BLOCKS)
 
@@ -25,7 +25,8 @@ def test_the_readme_has_examples_of_every_command():
 def test_every_readme_example_runs_as_written(tmp_path):
     for kind, code in BLOCKS:
         cmd = ["bash", "-euo", "pipefail", "-c", code] if kind == "bash" else [sys.executable, "-c", code]
-        out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        cwd = REPO_ROOT if code.startswith("# from the repository root") else tmp_path
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, f"README block failed:\n{code}\n--- stderr ---\n{out.stderr[-3000:]}"
     assert (tmp_path / "out" / "run" / "settings.yaml").is_file()
     assert (tmp_path / "out" / "ablate" / "ablation.json").is_file()

@@ -373,8 +373,8 @@ def test_max_memory_is_refused_where_it_would_be_ignored(tmp_path):
     assert parse_max_memory("0=70GiB, 1=1.5GB,cpu=100GiB") == {0: "70GiB", 1: "1.5GB", "cpu": "100GiB"}
     with pytest.raises(TargetError, match="--max-memory applies to --device-map auto"):
         load_target(str(BUNDLED_TARGET), dtype="fp32", device_map="cpu", max_memory="cpu=1GiB")
-    if not torch.cuda.is_available():
-        with pytest.warns(UserWarning, match="--max-memory is not used"):
+    if not torch.cuda.is_available():                  # without a GPU, auto places over the CPU and the disk
+        with pytest.raises(TargetError, match="names GPU 0, but this machine has no CUDA device"):
             load_target(str(BUNDLED_TARGET), dtype="fp32", device_map="auto", max_memory="0=1GiB")
 
 

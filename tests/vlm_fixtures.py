@@ -84,9 +84,26 @@ def make_gemma3(path: Path, sliding_window: int, num_layers: int = 8, seed: int 
     return save_with_tokenizer(AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32), path)
 
 
-def make_kimi_style(text_path: Path, path: Path) -> Path:
+def _experts_per_module(state: dict) -> dict:
+    """transformers' fused expert tensors (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) as one
+    module per expert (experts.{e}.gate_proj / up_proj / down_proj .weight), the checkpoint's layout."""
+    out = {}
+    for key, value in state.items():
+        stem, _, name = key.rpartition(".")
+        if stem.endswith("mlp.experts") and name in ("gate_up_proj", "down_proj"):
+            for e, w in enumerate(value):
+                halves = {"gate_proj": w[: w.shape[0] // 2], "up_proj": w[w.shape[0] // 2:]} \
+                    if name == "gate_up_proj" else {"down_proj": w}
+                out.update({f"{stem}.{e}.{proj}.weight": t.clone() for proj, t in halves.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def make_kimi_style(text_path: Path, path: Path, expert_layout: str = "fused") -> Path:
     """A Kimi-K2.5-style remote-code folder (modeling_kimi_k25.py, configuration_kimi_k25.py, auto_map)
-    around the DeepSeek-V3 causal LM at `text_path`: the text decoder at model.language_model.model.layers."""
+    around the DeepSeek-V3 causal LM at `text_path`: the text decoder at model.language_model.model.layers.
+    expert_layout "list": its MoE layers hold one module per routed expert (the original remote code's)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     text = _text_lm(text_path)
@@ -98,12 +115,16 @@ def make_kimi_style(text_path: Path, path: Path) -> Path:
                            "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
                            "AutoModelForCausalLM": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
               "text_config": text.config.to_dict(), "tie_word_embeddings": False,
-              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+              "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "expert_layout": expert_layout}
     (path / "config.json").write_text(json.dumps(config))
     cfg = AutoConfig.from_pretrained(path, trust_remote_code=True, local_files_only=True)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=True, dtype=torch.float32)
-    _copy_text_weights(text, model.language_model.model, model.language_model.lm_head)
+    if expert_layout == "list":
+        model.language_model.model.load_state_dict(_experts_per_module(text.model.state_dict()), strict=True)
+        model.language_model.lm_head.load_state_dict(text.lm_head.state_dict(), strict=True)
+    else:
+        _copy_text_weights(text, model.language_model.model, model.language_model.lm_head)
     return _save(model, path, text_path)
 
 

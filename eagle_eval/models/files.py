@@ -47,6 +47,12 @@ def read_json_file(file: Path, error_cls: type[UserError] = UserError, what: str
 def check_safetensors(file: Path, error_cls: type[UserError] = UserError) -> None:
     """The safetensors header parses and every tensor's bytes lie inside the file (truncation, a file
     that is something else under a .safetensors name)."""
+    safetensors_header(file, error_cls)
+
+
+def safetensors_header(file: Path, error_cls: type[UserError] = UserError) -> dict:
+    """check_safetensors, and the header it read: tensor name -> {"dtype", "shape", "data_offsets"}
+    (no `__metadata__`); no tensor data is read."""
     file = Path(file)
     size = file.stat().st_size
     with open(file, "rb") as f:
@@ -63,9 +69,8 @@ def check_safetensors(file: Path, error_cls: type[UserError] = UserError) -> Non
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise error_cls(f"{file}: not a safetensors file (its header is not JSON)") from exc
     end = 0
+    header.pop("__metadata__", None)
     for key, info in header.items():
-        if key == "__metadata__":
-            continue
         try:
             start, stop = info["data_offsets"]
         except (KeyError, TypeError, ValueError) as exc:
@@ -73,3 +78,4 @@ def check_safetensors(file: Path, error_cls: type[UserError] = UserError) -> Non
         end = max(end, stop)
     if 8 + n + end > size:
         raise error_cls(f"{file}: truncated: its header needs {8 + n + end} bytes, the file has {size}")
+    return header

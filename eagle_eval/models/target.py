@@ -54,6 +54,9 @@ def parse_max_memory(text: str | None) -> dict | None:
                               f"{', '.join(MEMORY_DEVICES)}{hint}")
         if key in out:
             raise TargetError(f"--max-memory: device {dev!r} is given twice")
+        if size[:-1].isdigit() and size.endswith("B"):      # exact bytes, e.g. 20000B (accelerate reads an int)
+            out[key] = int(size[:-1])
+            continue
         number = size.rstrip("KMGTiBbkmgt")
         unit = size[len(number):]
         if unit[-1:] == "b" and len(unit) > 1:
@@ -73,7 +76,7 @@ def parse_max_memory(text: str | None) -> dict | None:
 
 def _check_max_memory(max_memory: dict | None, device_map: str) -> None:
     """--max-memory steers accelerate's placement (--device-map auto) over devices that exist; anywhere else
-    it would be ignored: refuse rather than drop it. Without a GPU, `auto` is the CPU: said as a warning."""
+    it would be ignored: refuse rather than drop it. Without a GPU it places over the CPU and the disk."""
     if max_memory is None:
         return
     if device_map != "auto":
@@ -81,11 +84,10 @@ def _check_max_memory(max_memory: dict | None, device_map: str) -> None:
                           f"{device_map} the whole model goes there and the limits would be ignored")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpus = sorted(k for k in max_memory if isinstance(k, int))
-    if count == 0:
-        import warnings
-        warnings.warn("--max-memory is not used: this machine has no CUDA device, so --device-map auto loads the "
-                      "whole target on the CPU", stacklevel=3)
-    elif gpus and gpus[-1] >= count:
+    if gpus and count == 0:
+        raise TargetError(f"--max-memory names GPU {gpus[-1]}, but this machine has no CUDA device (give cpu=SIZE: "
+                          "the rest is offloaded to the disk)")
+    if gpus and gpus[-1] >= count:
         raise TargetError(f"--max-memory names GPU {gpus[-1]}; this machine has GPUs 0..{count - 1}")
 
 
@@ -141,8 +143,8 @@ class Target:
         self.layers, self.text_config = text.layers, text.config
         self.input_embeddings, self.output_embeddings = text.input_embeddings, text.output_embeddings
         self.num_layers = len(self.layers)
-        self.input_device = self.input_embeddings.weight.device
-        self.output_device = self.output_embeddings.weight.device
+        self.input_device = execution_device(self.input_embeddings, model)
+        self.output_device = execution_device(self.output_embeddings, model)
         params = inspect.signature(model.forward).parameters
         # transformers renamed past_key_values -> cache (5.2x keeps the old name as deprecated)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -152,7 +154,7 @@ class Target:
             path=path, architecture=type(model).__name__, num_layers=self.num_layers,
             hidden_size=cfg.hidden_size, vocab_size=self.output_embeddings.weight.shape[0],
             dtype=str(model.dtype).replace("torch.", ""),
-            devices=tuple(sorted({str(p.device) for p in model.parameters()})),
+            devices=placed_devices(model),
             max_positions=getattr(cfg, "max_position_embeddings", None), decoder=f"{text.path}.layers",
             text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None,
             sliding_window=min(windows) if windows else None)
@@ -219,6 +221,32 @@ class Target:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.input_embeddings(ids.to(self.input_device))
+
+
+def _device(dev) -> torch.device:
+    return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
+
+
+def execution_device(module, model) -> torch.device:
+    """Where `module` computes: its accelerate hook's execution device when it has one (an offloaded
+    module's weights are on the meta device between forwards), else its weight's device; a meta weight
+    without a hook of its own computes on the placement's first GPU (the CPU without one)."""
+    hook = getattr(module, "_hf_hook", None)
+    if getattr(hook, "execution_device", None) is not None:
+        return _device(hook.execution_device)
+    if module.weight.device.type != "meta":
+        return module.weight.device
+    gpus = sorted(d for d in (getattr(model, "hf_device_map", None) or {}).values() if isinstance(d, int))
+    return _device(gpus[0] if gpus else "cpu")
+
+
+def placed_devices(model) -> tuple[str, ...]:
+    """The devices the target's weights live on: its accelerate placement ("cpu" and "disk" included) when
+    it has one, else its parameters' devices."""
+    placement = getattr(model, "hf_device_map", None)
+    if placement:
+        return tuple(sorted({str(_device(d)) if d != "disk" else "disk" for d in placement.values()}))
+    return tuple(sorted({str(p.device) for p in model.parameters()}))
 
 
 def _check_window(cache, what: str) -> None:
@@ -306,6 +334,7 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
     from transformers import AutoTokenizer
 
     from eagle_eval.models.quant.fp8 import resolve_fp8_matmul
+    from eagle_eval.models.quant.info import checkpoint_quantization_config
 
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
@@ -320,19 +349,31 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
         raise TargetError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
     dm = device_map_arg(device_map)
     _check_device(device_map)
-    memory = parse_max_memory(max_memory)
-    _check_max_memory(memory, device_map)
-    if dm == "auto" and not torch.cuda.is_available():
+    budget = parse_max_memory(max_memory)
+    _check_max_memory(budget, device_map)
+    if dm == "auto" and not torch.cuda.is_available() and budget is None:
         dm = {"": "cpu"}
     auto_class = auto_class_name(_check_files(folder, trust_remote_code), trust_remote_code)
     _check_weights(folder)
     _check_fp8_blocks(folder)
+    quant_config = checkpoint_quantization_config(folder)
+    int4 = None
+    if quant_config is not None:                 # the INT4 rooms load only for a quantized checkpoint
+        from eagle_eval.models.quant.int4 import int4_scheme
+        int4 = int4_scheme(quant_config, folder / "config.json")
+    offload = offload_folder() if budget is not None else None     # a --max-memory placement may reach "disk"
     try:
-        model = getattr(transformers, auto_class).from_pretrained(
-            str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=memory,
-            trust_remote_code=trust_remote_code, local_files_only=True)
+        if int4 is not None:                  # held packed: models/quant/int4_load.py, not transformers' bf16 copy
+            from eagle_eval.models.quant.int4_load import load_packed_model
+            model = load_packed_model(folder, auto_class, int4, DTYPES[dtype], dm, budget, trust_remote_code, offload)
+        else:
+            model = getattr(transformers, auto_class).from_pretrained(
+                str(folder), dtype=DTYPES[dtype], device_map=dm, max_memory=budget, offload_folder=offload,
+                trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, ImportError,
             pickle.UnpicklingError) as exc:
+        if isinstance(exc, UserError):
+            raise
         raise said_by(f"{folder}: transformers ({auto_class}) cannot load the target model", exc, TargetError) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
@@ -342,7 +383,7 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
                       TargetError) from exc
     if tokenizer is None or isinstance(tokenizer, bool):
         raise TargetError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json expected)")
-    if all(p.device.type == "cpu" for p in model.parameters()) and model.num_parameters() < SMALL_CPU_MODEL:
+    if all(p.device.type in ("cpu", "meta") for p in model.parameters()) and model.num_parameters() < SMALL_CPU_MODEL:
         # batch-1 decoding of a small model: intra-op threads only add synchronisation (measured
         # 10 s with one thread vs 2 min with two on a busy 2-core machine, bundled pair, 8 prompts)
         torch.set_num_threads(1)
@@ -351,11 +392,31 @@ def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_me
 
 
 def with_quantization(target: Target, folder: Path, fp8_matmul: dict | None = None) -> Target:
-    """Record the checkpoint's quantization (method, bits, blocks, what stayed quantized, which FP8
-    matmul runs it) in `target.info`."""
+    """Record the checkpoint's quantization (method, bits, blocks, what stayed quantized, which FP8 or
+    INT4 matmul runs it) in `target.info`."""
     from dataclasses import replace
 
-    from eagle_eval.models.quant.info import quantization_info
+    from eagle_eval.models.quant.info import checkpoint_quantization_config, quantization_info
 
-    target.info = replace(target.info, quantization=quantization_info(target.model, folder, fp8_matmul))
+    int4_matmul = None
+    if checkpoint_quantization_config(folder) is not None:
+        from eagle_eval.models.quant.int4_load import int4_matmul_info
+        int4_matmul = int4_matmul_info(target.model)
+    info = quantization_info(target.model, folder, fp8_matmul, int4_matmul)
+    target.info = replace(target.info, quantization=info)
     return target
+
+
+_OFFLOAD_FOLDERS: list[str] = []
+
+
+def offload_folder() -> str:
+    """A fresh folder for accelerate's disk offload, removed when the process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _OFFLOAD_FOLDERS:
+        atexit.register(lambda: [shutil.rmtree(f, ignore_errors=True) for f in _OFFLOAD_FOLDERS])
+    _OFFLOAD_FOLDERS.append(tempfile.mkdtemp(prefix="eagle-eval-offload-"))
+    return _OFFLOAD_FOLDERS[-1]

@@ -9,10 +9,12 @@ class KimiK25Config(PretrainedConfig):
     model_type = "kimi_k25"
     sub_configs = {"text_config": DeepseekV3Config}
 
-    def __init__(self, text_config=None, vision_hidden_size=16, media_placeholder_token_id=95, **kwargs):
+    def __init__(self, text_config=None, vision_hidden_size=16, media_placeholder_token_id=95,
+                 expert_layout="fused", **kwargs):
         if isinstance(text_config, dict):
             text_config = DeepseekV3Config(**text_config)
         self.text_config = text_config if text_config is not None else DeepseekV3Config()
         self.vision_hidden_size = vision_hidden_size
         self.media_placeholder_token_id = media_placeholder_token_id
+        self.expert_layout = expert_layout      # "fused" (transformers' tensors) or "list" (one module per expert)
         super().__init__(**kwargs)

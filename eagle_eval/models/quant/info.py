@@ -79,6 +79,17 @@ def held_quantized(model) -> int:
     return held
 
 
+def held_bytes(model) -> int:
+    """Bytes of every tensor the model's state dict holds (parameters and persistent buffers, a tied
+    tensor once, an offloaded one at its size): what the checkpoint's tensors take as loaded."""
+    seen, total = set(), 0
+    for tensor in model.state_dict(keep_vars=True).values():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
 def describe(info: dict) -> str:
     """One line for the terminal table: scheme; what stayed quantized; what the checkpoint left alone."""
     if info["method"] == "fp8":
@@ -102,9 +113,11 @@ def checkpoint_quantization_config(folder: Path) -> dict | None:
     return config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
 
 
-def quantization_info(model, folder: Path, fp8_matmul: dict | None = None) -> dict | None:
+def quantization_info(model, folder: Path, fp8_matmul: dict | None = None,
+                      int4_matmul: dict | None = None) -> dict | None:
     """The resolved quantization of a loaded target (see the module contract), or None. `fp8_matmul` is
-    models/fp8_matmul.resolve_fp8_matmul's answer for a target that holds FP8 modules."""
+    models/quant/fp8.resolve_fp8_matmul's answer for a target that holds FP8 modules, `int4_matmul`
+    models/quant/int4_load.int4_matmul_info's for one loaded packed."""
     qc = checkpoint_quantization_config(folder)
     if not qc:
         return None
@@ -112,10 +125,14 @@ def quantization_info(model, folder: Path, fp8_matmul: dict | None = None) -> di
     held = held_quantized(model)
     info = {**_scheme(qc), "quantized_modules": quantized, "quantized_module_count": sum(quantized.values()),
             "unquantized_modules": sorted(unquantized), "held_quantized_modules": held,
-            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "held_bytes": held_bytes(model)}
     if held == 0:
         dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.dim() >= 2})
         info["in_memory"] = f"dequantized on load to {', '.join(dtypes)}"
+    elif info["method"] == "compressed-tensors" and int4_matmul:
+        info["in_memory"] = (f"held packed INT4 ({held} modules); eagle-eval expands each weight for its matmul "
+                             "(W4A16), routed experts only when routed to")
     elif info["method"] == "compressed-tensors":
         info["in_memory"] = "packed at load; compressed-tensors decompresses each module on its first forward"
     elif fp8_matmul and fp8_matmul["matmul"] == "dequantize":
@@ -126,6 +143,8 @@ def quantization_info(model, folder: Path, fp8_matmul: dict | None = None) -> di
         info["in_memory"] = "kept quantized"
     if fp8_matmul:
         info["fp8_matmul"] = fp8_matmul
+    if int4_matmul:
+        info["int4_matmul"] = int4_matmul
     info["summary"] = describe(info)
     return info
 
