@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from eagle_eval.config import ConfigError, RunConfig, parse_ids
+from eagle_eval.parallel import group as parallel
+from eagle_eval.parallel.settings import settings_digests
 from eagle_eval.profiling import profile
 from eagle_eval.results.acceptance import speedup
 from eagle_eval.results.plot import plot_ablation
@@ -160,7 +162,10 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
     settings = {**base.as_dict(), "vary": list(variants), "cost_ratio": cost_ratio,
                 "server_ms": list(server_ms) if server_ms else None,
                 "topk_grid": list(topk_grid or []), "draft_tokens_grid": list(draft_tokens_grid or [])}
-    folder = open_run_output("ablate", base.run, settings, {**base.run.input_paths(), "responses": base.responses})
+    inputs = {**base.run.input_paths(), "responses": base.responses}
+    group = parallel.current()               # under a launcher: each profile is split, rank 0 writes
+    group.check_same("settings", settings_digests("ablate", settings, inputs))
+    folder = group.on_main(lambda: open_run_output("ablate", base.run, settings, inputs))
     try:
         result = _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_tokens_grid)
         if folder is not None:
@@ -203,9 +208,9 @@ def _ablate(base, variants, cost_ratio, server_ms, progress, topk_grid, draft_to
                                              if d <= pool_size(k_max, k) + 1)
             cfg = apply(run, {**overrides, "topk": k, "num_draft_tokens": d_main})
             res = profile(_replace(base, run=cfg, draft_tokens_grid=grid if k > 1 else None), progress=progress)
-            if costs is None:
+            if costs is None:              # timed on rank 0 alone, the others waiting: one clock for every row
                 costs = (Costs(cost_ratio, {}, "given (--cost-ratio; r = 1)") if cost_ratio is not None
-                         else measure_costs(res.oracle, sizes))
+                         else parallel.current().from_main(lambda: measure_costs(res.oracle, sizes)))
             label = name if len(topks) == 1 else f"{name} topk={k}"
             shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
                       if k > 1 and grid else {None: res.report["by_num_steps"]})

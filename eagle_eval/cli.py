@@ -178,10 +178,29 @@ def _unfinished(output_dir: str | None) -> str | None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, default=False, help="On bad input, also print the traceback.")
+@click.option("--gpus-per-replica", type=int, default=None,
+              help="Under torchrun / accelerate launch: GPUs each process (one replica of the target) takes on its "
+                   "node; default: the node's GPUs split evenly between its processes (docs/parallel.md).")
 @click.pass_context
-def main(ctx, debug):
+def main(ctx, debug, gpus_per_replica):
     """Ground-truth acceptance for EAGLE-3 draft heads (reference greedy loop in pure PyTorch)."""
     ctx.obj = {"debug": debug}
+    _join_launch(gpus_per_replica)
+
+
+def _join_launch(gpus_per_replica: int | None) -> None:
+    """Under a launcher (WORLD_SIZE > 1): this replica's GPUs, the process group, rank-tagged output."""
+    import os
+
+    if gpus_per_replica is None and (os.environ.get("WORLD_SIZE") or "1") == "1":
+        return
+    from eagle_eval.errors import USER_ERRORS
+    from eagle_eval.parallel import console, group
+
+    try:
+        console.setup(group.init(gpus_per_replica))
+    except USER_ERRORS as exc:
+        fail(str(exc), exc)
 
 
 @main.command()

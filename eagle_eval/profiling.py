@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
+from eagle_eval.parallel import group as parallel
+from eagle_eval.parallel.settings import loaded_digests, settings_digests
 from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
 from eagle_eval.results.resume import workload_digests
 from eagle_eval.results.run_folder import open_run_output
@@ -55,20 +57,23 @@ def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int
 
 
 def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> ProfileResult:
-    """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps."""
+    """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps. Under
+    torchrun / accelerate launch the prompts are split between the processes and the profiles
+    all-gathered, so every rank returns the same result; rank 0 alone writes the folder."""
     cfg = pcfg.run
+    group = parallel.current()               # first: a replica's GPUs are chosen before CUDA starts
     torch.manual_seed(cfg.seed)
-    folder = open_run_output("profile", cfg, pcfg.as_dict(), {**cfg.input_paths(), "responses": pcfg.responses})
+    inputs = {**cfg.input_paths(), "responses": pcfg.responses}
+    group.check_same("settings", settings_digests("profile", pcfg.as_dict(), inputs))
+    folder = group.on_main(lambda: open_run_output("profile", cfg, pcfg.as_dict(), inputs))
     try:
-        return _profile(pcfg, folder, progress, oracle)
+        return _profile(pcfg, folder, progress, oracle, group)
     finally:
         if folder is not None:
             folder.close()
 
 
-def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResult:
-    from tqdm import tqdm
-
+def _profile(pcfg, folder, progress: bool, oracle: Oracle | None, group) -> ProfileResult:
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
     from eagle_eval.speculative import profile as prof
     from eagle_eval.speculative.tree import pool_size
@@ -78,46 +83,23 @@ def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResu
     need = cfg.max_new_tokens + k_max
     workload = checked_workload(cfg, oracle, need + 1)   # the same datasets, templates and filters as `run`
     prompts = workload.first_prompts              # the profile covers first turns only
+    group.check_same("loaded target, head and prompts", loaded_digests(
+        oracle.resolved, workload_digests(prompts), {**cfg.input_paths(), "responses": pcfg.responses}))
     vocab = oracle.limits()[0]
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
-    if pcfg.responses:
-        conts = _extend(spec, prompts, [c[:need] for c in _read_responses(pcfg.responses, prompts, tok, vocab)],
-                        need, pad, pcfg.batch_tokens)
-    else:
-        conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, pcfg.batch_tokens)
+    given = (_read_responses(pcfg.responses, prompts, tok, vocab) if pcfg.responses else [None] * len(prompts))
     # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
     d_main = {s: min(oracle.resolved["num_draft_tokens"], pool_size(s, cfg.topk) + 1) for s in range(1, k_max + 1)}
     grid = [(s, d) for d in (pcfg.draft_tokens_grid or ()) for s in range(1, k_max + 1)
             if 2 <= d <= pool_size(s, cfg.topk) + 1]
     tree = (cfg.topk, sorted(set(d_main.items()) | set(grid))) if cfg.topk > 1 else (1, None)
-
-    def run_profile(indices, desc):
-        out = {}
-        seqs = [prompts[i].input_ids + conts[i] for i in indices]
-        for batch in tqdm(list(prof._batches(seqs, 0, pcfg.batch_tokens)), desc=desc, unit="batch",
-                          disable=not progress):
-            items = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
-            for j, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad, *tree)):
-                out[indices[j]] = res
-        return out
-
-    profiled = run_profile(list(range(len(prompts))), "profile")
-    divergences = [{"id": profiled[i].prompt.id, **profiled[i].divergence}
-                   for i in range(len(prompts)) if profiled[i].divergence is not None]
-    numeric = []
-    if pcfg.responses and divergences:
-        # responses that are not the target's greedy: profile the greedy sequence from the divergence on
-        bad = [i for i in range(len(prompts)) if profiled[i].divergence is not None]
-        cut = [conts[i][: profiled[i].divergence["position"]] for i in bad]
-        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, pcfg.batch_tokens)):
-            conts[i] = c
-        for i, res in run_profile(bad, "re-profile").items():
-            res.divergence = profiled[i].divergence
-            profiled[i] = res
-    elif divergences:
-        # our own batched greedy vs the teacher-forced argmax: rounding (near-ties, e.g. in bf16), kept
-        numeric, divergences = divergences, []
-    profiled = [profiled[i] for i in range(len(prompts))]
+    profiled = group.map_shards(list(zip(prompts, given)),
+                                lambda part: _profiled(spec, pcfg, part, need, pad, tree, progress and group.is_main),
+                                weight=lambda item: len(item[0].input_ids) + need)
+    found = [{"id": p.prompt.id, **p.divergence} for p in profiled if p.divergence is not None]
+    # responses that are not the target's greedy were profiled on its greedy sequence from there on;
+    # without responses, our own batched greedy vs the teacher-forced argmax is rounding (near-ties)
+    divergences, numeric = (found, []) if pcfg.responses else ([], found)
 
     def simulate(p, s, d=None):
         if p.tree_runs is None:
@@ -157,6 +139,43 @@ def _profile(pcfg, folder, progress: bool, oracle: Oracle | None) -> ProfileResu
         folder.write_json("profile.json", report)
         folder.finish()
     return ProfileResult(report=report, samples=samples, oracle=oracle)
+
+
+def _profiled(spec, pcfg, items: list[tuple[Prompt, list[int] | None]], need: int, pad: int, tree,
+              progress: bool) -> list:
+    """The profile of each (prompt, given response or None): the part of a profile that is split
+    between processes. A response that departs from the target's argmax is profiled again on the
+    target's greedy sequence from the divergence on (its `divergence` kept)."""
+    from tqdm import tqdm
+
+    from eagle_eval.speculative import profile as prof
+    cfg, k_max = pcfg.run, pcfg.max_steps
+    prompts = [p for p, _ in items]
+    if pcfg.responses:
+        conts = _extend(spec, prompts, [c[:need] for _, c in items], need, pad, pcfg.batch_tokens)
+    else:
+        conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, pcfg.batch_tokens)
+
+    def run_profile(indices, desc):
+        out = {}
+        seqs = [prompts[i].input_ids + conts[i] for i in indices]
+        for batch in tqdm(list(prof._batches(seqs, 0, pcfg.batch_tokens)), desc=desc, unit="batch",
+                          disable=not progress):
+            items = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
+            for j, res in zip(batch, prof.profile_batch(spec, items, k_max, cfg.max_new_tokens, pad, *tree)):
+                out[indices[j]] = res
+        return out
+
+    profiled = run_profile(list(range(len(prompts))), "profile")
+    bad = [i for i in range(len(prompts)) if profiled[i].divergence is not None]
+    if pcfg.responses and bad:
+        cut = [conts[i][: profiled[i].divergence["position"]] for i in bad]
+        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, pcfg.batch_tokens)):
+            conts[i] = c
+        for i, res in run_profile(bad, "re-profile").items():
+            res.divergence = profiled[i].divergence
+            profiled[i] = res
+    return [profiled[i] for i in range(len(prompts))]
 
 
 def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad: int,

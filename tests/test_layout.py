@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eagle_eval"
-LOWER = {"models", "speculative", "workload", "results"}
+LOWER = {"models", "speculative", "workload", "results", "parallel"}
 HIGHER = {"diagnose", "servers", "api", "cli"}
 
 
@@ -73,6 +73,13 @@ def test_lower_wings_never_import_higher_ones():
     bad = [(a, b) for a, b in import_edges()
            if _unit(a) in LOWER and _unit(b) in HIGHER]
     assert not bad, f"imports from a lower wing into a higher one: {bad}"
+
+
+def test_parallel_knows_no_model():
+    """parallel/ moves records between processes; decoding comes in as a callable (its contract)."""
+    bad = [(a, b) for a, b in import_edges() if _unit(a) == "parallel"
+           and _unit(b) not in ("parallel", "results", "workload", "errors")]
+    assert not bad, f"parallel/ imports beyond results, workload and errors: {bad}"
 
 
 def test_errors_is_the_ground_floor():

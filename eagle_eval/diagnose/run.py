@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eagle_eval.diagnose import decide
+from eagle_eval.parallel import group as parallel
+from eagle_eval.parallel.settings import settings_digests
 from eagle_eval.results.findings import Finding, exit_status, info
 
 
@@ -125,8 +127,10 @@ class Rounds:
             return
         tok, oracle = self.oracle.tokenizer, self.oracle
         pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
-        self.conts += greedy_continuations(oracle.speculator, [p.input_ids for p in self.prompts[len(self.conts):hi]],
-                                           self.run.max_new_tokens + self.run.num_steps, pad, 16384)
+        need = self.run.max_new_tokens + self.run.num_steps
+        self.conts += parallel.current().map_shards(      # under a launcher: split, all-gathered
+            self.prompts[len(self.conts):hi], lambda part: greedy_continuations(
+                oracle.speculator, [p.input_ids for p in part], need, pad, 16384), weight=lambda p: len(p.input_ids))
 
 
 def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.Sequence]:
@@ -156,12 +160,19 @@ def _sweep_report(rows, seq: decide.Sequence, run, budget: int) -> dict:
 def diagnose(run, dcfg: DiagnoseConfig, progress: bool = False, oracle=None) -> Diagnosis:
     """Every check of issue 5 on one loaded target + head (see the module docstring); --output-dir is
     owned by this run (results/run_folder.py); `oracle`: one already loaded for `run` (tests reuse it)."""
-    from eagle_eval.results.run_folder import open_output
+    from eagle_eval.results.run_folder import open_run_folder
 
     inputs = {**run.input_paths(), "train_dump": dcfg.train_dump}
-    with open_output(dcfg.output_dir, "diagnose", {**run.as_dict(), **dcfg.__dict__}, inputs,
-                     overwrite=run.overwrite) as folder:
-        return _diagnose(run, dcfg, folder, progress, oracle)
+    settings = {**run.as_dict(), **dcfg.__dict__}
+    group = parallel.current()             # under a launcher: the profiles are split, rank 0 writes
+    group.check_same("settings", settings_digests("diagnose", settings, inputs))
+    folder = group.on_main(lambda: open_run_folder(dcfg.output_dir, "diagnose", settings, inputs,
+                                                   overwrite=run.overwrite) if dcfg.output_dir else None)
+    try:
+        return _diagnose(run, dcfg, folder, progress and group.is_main, oracle)
+    finally:
+        if folder is not None:
+            folder.close()
 
 
 def _diagnose(run, dcfg: DiagnoseConfig, folder, progress: bool, oracle) -> Diagnosis:

@@ -130,27 +130,29 @@ def _settings_rows(settings: dict | None, backend: str, resolved: dict, draft_pa
 
 
 def _decode_and_ask(oracle, workload, client, config: RunConfig, check: ServerCheckConfig, progress: bool):
-    """(prompts, oracle samples, per-request rows): each prompt decoded by the oracle, then sent."""
-    from tqdm import tqdm
+    """(prompts, oracle samples, per-request rows) in workload order: each prompt decoded by the
+    oracle (under a launcher by whichever process takes its question, eagle_eval/parallel), then sent
+    to the server by rank 0 as it arrives, one request at a time. Empty lists on the other ranks."""
+    from eagle_eval.parallel import group as parallel
+    from eagle_eval.parallel.turns import decode_questions
+    from eagle_eval.workload.conversations import in_workload_order
 
-    from eagle_eval.workload.conversations import run_turns
-
-    prompts, rows = [], []
+    pairs, rows = [], {}
     num_steps = oracle.resolved["num_steps"]
 
-    def decode(prompt):
+    def ask(prompt, rec):
         # turn t > 1 is built from the ORACLE's earlier answers; the server gets the same token ids
-        rec = oracle.decode(prompt, check_lossless=False)
-        prompts.append(prompt)
+        pairs.append((prompt, rec))
         if client is not None:
             reply = client.generate(prompt.input_ids, config.max_new_tokens)
             div = divergence_from_oracle(oracle, prompt, reply.output_ids, rec.output_ids)
-            rows.append(compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin))
-        return rec
+            rows[prompt.id] = compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin)
 
-    samples = list(tqdm(run_turns(workload, decode), total=workload.num_prompts, desc="prompts", unit="prompt",
-                        disable=not progress))
-    return prompts, samples, rows
+    decode_questions(parallel.current(), workload, lambda p: oracle.decode(p, check_lossless=False), {}, ask,
+                     config.max_new_tokens, progress)
+    samples = in_workload_order(workload, [rec for _, rec in pairs])
+    prompt_of = {p.id: p for p, _ in pairs}
+    return [prompt_of[s.id] for s in samples], samples, [rows[s.id] for s in samples if s.id in rows]
 
 
 def _log_comparison(path: Path, start: int, samples, resolved: dict, tolerance: float) -> dict:
@@ -182,16 +184,44 @@ def _any_disagreement(rows: list[dict], mode: str) -> bool:
 
 def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
                      progress: bool = False) -> ServerCheckResult:
-    """The check below, with --output-dir owned by this run (results/run_folder.py)."""
-    from eagle_eval.results.run_folder import open_output
+    """The check below, with --output-dir owned by this run (results/run_folder.py). Under a
+    launcher the oracle's decodes are split between the processes; rank 0 alone talks to the server
+    and writes the folder, and every rank returns its result."""
+    from eagle_eval.parallel import group as parallel
+    from eagle_eval.parallel.settings import settings_digests
+    from eagle_eval.results.run_folder import open_run_folder
 
-    with open_output(check.output_dir, "server-check", {**config.as_dict(), **asdict(check)},
-                     config.input_paths(), overwrite=config.overwrite) as folder:
-        return _run_server_check(config, check, oracle, progress, folder)
+    settings = {**config.as_dict(), **asdict(check)}
+    group = parallel.current()
+    group.check_same("settings", settings_digests("server-check", settings, config.input_paths()))
+    folder = group.on_main(lambda: open_run_folder(check.output_dir, "server-check", settings, config.input_paths(),
+                                                   overwrite=config.overwrite) if check.output_dir else None)
+    try:
+        result = _run_server_check(config, check, oracle, progress and group.is_main, folder, group)
+        return group.broadcast(result)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _server(check: ServerCheckConfig):
+    """(client, its settings, a note, the SGLang log and where this check's lines start) on rank 0."""
+    from eagle_eval.servers.clients import make_client
+
+    log_path = Path(check.sglang_log) if check.sglang_log else None
+    if log_path is not None and not log_path.is_file():
+        raise FileNotFoundError(f"--sglang-log {log_path}: no such file")
+    # with --url, only the lines the server appends while this check runs describe its workload
+    log_start = log_path.stat().st_size if log_path is not None and check.url else 0
+    client = (make_client(check.backend, check.url, check.timeout, check.retries, check.served_model_name,
+                          check.metrics_settle, check.vllm_metrics) if check.url else None)
+    # before loading the target: a wrong --url fails in seconds
+    settings, note = client.settings() if client is not None else (None, None)
+    return client, settings, note, log_path, log_start
 
 
 def _run_server_check(config: RunConfig, check: ServerCheckConfig, oracle, progress: bool,
-                      folder) -> ServerCheckResult:
+                      folder, group) -> ServerCheckResult | None:
     """Compare the server at check.url (and/or check.sglang_log) with the oracle for config's prompts.
 
     `oracle`: an already loaded `api.Oracle` for `config` (saves reloading the target in test suites).
@@ -200,24 +230,21 @@ def _run_server_check(config: RunConfig, check: ServerCheckConfig, oracle, progr
 
     from eagle_eval.api import checked_workload, load_oracle
     from eagle_eval.results.report import DEFINITIONS, build_report
-    from eagle_eval.servers.clients import make_client
+    from eagle_eval.parallel.settings import loaded_digests
+    from eagle_eval.results.resume import workload_digests
     from eagle_eval.servers.hypotheses import match_hypotheses
 
     torch.manual_seed(config.seed)
-    log_path = Path(check.sglang_log) if check.sglang_log else None
-    if log_path is not None and not log_path.is_file():
-        raise FileNotFoundError(f"--sglang-log {log_path}: no such file")
-    # with --url, only the lines the server appends while this check runs describe its workload
-    log_start = log_path.stat().st_size if log_path is not None and check.url else 0
     backend = check.backend
-    client = (make_client(backend, check.url, check.timeout, check.retries, check.served_model_name,
-                          check.metrics_settle, check.vllm_metrics) if check.url else None)
-    # before loading the target: a wrong --url fails in seconds
-    settings, note = client.settings() if client is not None else (None, None)
+    client, settings, note, log_path, log_start = group.on_main(lambda: _server(check)) or (None,) * 5
     oracle = oracle or load_oracle(config)
     workload = checked_workload(config, oracle)      # the same prompts and turns as `run`
     resolved = oracle.resolved
+    group.check_same("loaded target, head and prompts", loaded_digests(
+        resolved, workload_digests(workload.first_prompts), config.input_paths()))
     prompts, samples, rows = _decode_and_ask(oracle, workload, client, config, check, progress)
+    if not group.is_main:
+        return None                                  # rank 0's result is broadcast
     acceptance = aggregate(backend, rows, check.tolerance) if client is not None else None
     judged = judge_requests(rows, check.mode, check.tolerance) if client is not None else None
     hypotheses = None
