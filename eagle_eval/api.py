@@ -77,7 +77,7 @@ def _evaluate(config: RunConfig, folder, progress: bool, group) -> RunResult:
     samples = in_workload_order(workload, done + new)       # as one uninterrupted process writes them
     report = build_report(config, {**oracle.resolved, **workload.resolved}, samples,
                           oracle.warnings + workload.warnings, sample_prompt=workload.sample_prompt)
-    report["provenance"]["work"] = [s.as_dict() for s in stats]
+    report["provenance"]["work"] = stats.as_dict()                 # questions and busy seconds per rank
     if folder is not None:
         if [s.id for s in samples] != [s.id for s in done + new]:
             folder.write_text("samples.jsonl", "".join(json.dumps(s.to_json()) + "\n" for s in samples))

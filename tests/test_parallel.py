@@ -212,8 +212,8 @@ def test_run_over_two_processes_equals_one(tmp_path, cfg):
     api.evaluate(replace(cfg, output_dir=str(tmp_path / "one")), progress=False)
     out = _torchrun("run", *_run_args(cfg), "--output-dir", tmp_path / "two")
     prov = _same(tmp_path / "one", tmp_path / "two", "report.json")
-    assert sorted(w["rank"] for w in prov["work"]) == [0, 1]
-    assert sum(w["items"] for w in prov["work"]) == (3 if cfg is CHAIN else 5)  # questions, each on one rank
+    assert sorted(w["rank"] for w in prov["work"]["per_rank"]) == [0, 1] and prov["work"]["processes"] == 2
+    assert sum(w["items"] for w in prov["work"]["per_rank"]) == (3 if cfg is CHAIN else 5)   # questions
     assert "tau" in out.stdout and out.stdout.count("accept length tau") == 1     # rank 0 prints, once
     bars = [ln for ln in out.stderr.replace("\r", "\n").splitlines() if "prompts:" in ln]
     assert bars and all(ln.startswith("[rank 0/2] ") for ln in bars)          # one bar, rank 0's
@@ -261,10 +261,10 @@ def test_a_killed_process_leaves_a_run_that_resumes_with_one_or_two(tmp_path):
     one = subprocess.run([sys.executable, "-m", "eagle_eval", "run", *map(str, _run_args(cfg)), "--output-dir",
                           str(killed), "--resume"], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-3000:]
-    assert _same(tmp_path / "one", killed, "report.json", processes=1)["work"][0]["items"] == 8 - len(done)
+    assert _same(tmp_path / "one", killed, "report.json", processes=1)["work"]["per_rank"][0]["items"] == 8 - len(done)
     _torchrun("run", *_run_args(cfg), "--output-dir", tmp_path / "killed2", "--resume")
     prov = _same(tmp_path / "one", tmp_path / "killed2", "report.json")
-    assert sum(w["items"] for w in prov["work"]) == 8 - len(done)            # no prompt done twice
+    assert sum(w["items"] for w in prov["work"]["per_rank"]) == 8 - len(done)            # no prompt done twice
 
 
 @pytest.mark.slow
@@ -277,7 +277,7 @@ def test_a_question_cut_between_its_turns_resumes_over_two_processes(tmp_path):
     assert _cut_short(killed, 6) == ["81/turn1", "81/turn2", "82/turn1"]
     _torchrun("run", *_run_args(CHAIN), "--output-dir", killed, "--resume")
     prov = _same(tmp_path / "one", killed, "report.json")
-    assert sum(w["items"] for w in prov["work"]) == 2              # question 82 (turn 2 only) and 111
+    assert sum(w["items"] for w in prov["work"]["per_rank"]) == 2              # question 82 (turn 2 only) and 111
 
 
 @pytest.mark.slow
@@ -369,3 +369,16 @@ def test_a_second_launch_into_a_running_folder_is_refused(tmp_path):
     ref = api.evaluate(RunConfig(limit=6, max_new_tokens=8), progress=False)
     got = [SampleRecord.from_json(json.loads(r)) for r in (folder / "samples.jsonl").read_text().splitlines()]
     assert got == ref.samples
+
+
+@pytest.mark.slow
+def test_parallel_benchmark_runs_tiny_and_its_records_agree(tmp_path):
+    """The GPU command's code (a random target built, 1 vs 2 processes) at tiny shapes on the CPU."""
+    subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_parallel.py"), "--shape", "tiny",
+                    "--prompts", "5", "--max-new-tokens", "8", "--work", str(tmp_path / "work"), "--out",
+                    str(tmp_path)], check=True, capture_output=True, timeout=600, env=_env())
+    res = json.loads((tmp_path / "bench_parallel_tiny.json").read_text())
+    assert res["records_byte_equal"] is True
+    two = res["runs"]["2"][0]
+    assert two["prompts"] == 5 and sorted(r["rank"] for r in two["per_rank"]) == [0, 1]
+    assert sum(r["items"] for r in two["per_rank"]) == 5 and res["speedup_decode"] > 0

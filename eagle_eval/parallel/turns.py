@@ -8,12 +8,14 @@ counting the turns of the whole run). Rank 0 hands the questions out heaviest fi
 pending turns x (first-turn prompt tokens + max_new_tokens): a decode's cost grows with both, and the
 later turns' prompts are not known before the earlier answers. A partly finished question travels with
 its done turns. One process: the questions in workload order, each turn delivered as it is decoded,
-exactly as `run_turns`. Returns the queue's per-rank stats on rank 0, None elsewhere.
+exactly as `run_turns`. Returns `WorkStats` on rank 0 (wall time, per-rank items and busy
+seconds), None elsewhere.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from eagle_eval.parallel.shard import heaviest_first
@@ -32,8 +34,19 @@ def pending_questions(workload, done: dict, max_new_tokens: int) -> list[tuple[i
     return [items[i] for i in heaviest_first(weights)]
 
 
+@dataclass
+class WorkStats:
+    """How the decoding went: its wall time on rank 0 and each rank's items and busy seconds."""
+    wall_s: float
+    ranks: list[RankStats]
+
+    def as_dict(self) -> dict:
+        return {"processes": len(self.ranks), "wall_s": round(self.wall_s, 3),
+                "per_rank": [r.as_dict() for r in self.ranks]}
+
+
 def decode_questions(group, workload, decode: Callable, done: dict, deliver: Callable, max_new_tokens: int,
-                     progress: bool = True) -> list[RankStats] | None:
+                     progress: bool = True) -> WorkStats | None:
     """See the module docstring."""
     from tqdm import tqdm
 
@@ -44,9 +57,10 @@ def decode_questions(group, workload, decode: Callable, done: dict, deliver: Cal
         deliver(prompt, rec)
         bar.update(1)
 
+    t0 = time.perf_counter()
     try:
         if group.world == 1:
-            stats, t0 = RankStats(0), time.perf_counter()
+            stats = RankStats(0)
             for index in range(len(workload.questions)):
                 pairs = 0
                 for prompt, rec in question_turns(workload, index, decode, done):
@@ -54,13 +68,14 @@ def decode_questions(group, workload, decode: Callable, done: dict, deliver: Cal
                     pairs += 1
                 stats.items += pairs > 0
             stats.busy_s = time.perf_counter() - t0
-            return [stats]
+            return WorkStats(stats.busy_s, [stats])
 
         def work(item):
             index, done_turns = item
             return list(question_turns(workload, index, decode, done_turns))
 
         items = pending_questions(workload, done, max_new_tokens) if group.is_main else None
-        return distribute(group, items, work, lambda item, pairs: [got(p, r) for p, r in pairs])
+        ranks = distribute(group, items, work, lambda item, pairs: [got(p, r) for p, r in pairs])
+        return WorkStats(time.perf_counter() - t0, ranks) if ranks is not None else None
     finally:
         bar.close()

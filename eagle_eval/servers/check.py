@@ -229,8 +229,8 @@ def _run_server_check(config: RunConfig, check: ServerCheckConfig, oracle, progr
     import torch
 
     from eagle_eval.api import checked_workload, load_oracle
-    from eagle_eval.results.report import DEFINITIONS, build_report
     from eagle_eval.parallel.settings import loaded_digests
+    from eagle_eval.results.report import DEFINITIONS, build_report
     from eagle_eval.results.resume import workload_digests
     from eagle_eval.servers.hypotheses import match_hypotheses
 
