@@ -5,6 +5,7 @@ to die or to be given other settings than its peers (tests/test_parallel.py).
                                     starts its decode number N+1
     EAGLE_EVAL_TEST_ARGS="R:ARGS"   rank R gets ARGS after the command's own (e.g. "1:--num-steps 4")
     EAGLE_EVAL_TEST_SLOW="S"        every decode of every rank first sleeps S seconds
+    EAGLE_EVAL_TEST_GATE=FILE       every decode of every rank first waits until FILE exists
     python tests/parallel_child.py group OUT.json
                                     the group scenarios of test_parallel.py, rank 0 writing OUT.json
 """
@@ -24,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))      # this chec
 
 def _decode_hooks(rank: int) -> None:
     die, slow = os.environ.get("EAGLE_EVAL_TEST_DIE"), float(os.environ.get("EAGLE_EVAL_TEST_SLOW") or 0)
+    gate = os.environ.get("EAGLE_EVAL_TEST_GATE")
     after = int(die.split(":")[1]) if die and int(die.split(":")[0]) == rank else None
-    if after is None and not slow:
+    if after is None and not slow and not gate:
         return
     from eagle_eval.oracle import Oracle
 
@@ -36,6 +38,8 @@ def _decode_hooks(rank: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         calls.append(prompt.id)
         time.sleep(slow)
+        while gate and not os.path.exists(gate):
+            time.sleep(0.05)
         return decode(self, prompt, check_lossless)
 
     Oracle.decode = hooked

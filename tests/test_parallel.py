@@ -139,6 +139,16 @@ def test_pending_questions_heaviest_first_with_their_done_turns():
     assert [(i, list(d)) for i, d in items] == [(0, []), (1, ["b/turn1"])]       # 46 > 26; c is done
 
 
+def test_records_in_workload_order():
+    from types import SimpleNamespace
+
+    from eagle_eval.workload.conversations import in_workload_order
+    from eagle_eval.workload.datasets import Question
+    workload = SimpleNamespace(questions=[Question("q", "c", ("t1", "t2"), "f"), Question("p", "c", ("t1",), "f")])
+    recs = [SampleRecord(i, "c", 1, [1], [0], [1], 1) for i in ("p", "stray", "q/turn2", "q/turn1")]
+    assert [r.id for r in in_workload_order(workload, recs)] == ["q/turn1", "q/turn2", "p", "stray"]
+
+
 # ---- the layer over real processes -----------------------------------------------------------------
 
 def _env(**extra) -> dict:
@@ -348,7 +358,8 @@ def test_a_second_launch_into_a_running_folder_is_refused(tmp_path):
     folder = tmp_path / "out"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(CHILD), "run",
             "--limit", "6", *SMALL, "--output-dir", str(folder)]
-    first = subprocess.Popen(args, cwd=REPO_ROOT, env=_env(EAGLE_EVAL_TEST_SLOW="0.5"), stdout=subprocess.PIPE,
+    gate = tmp_path / "go"                      # the first run's decodes wait for this file
+    first = subprocess.Popen(args, cwd=REPO_ROOT, env=_env(EAGLE_EVAL_TEST_GATE=str(gate)), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
@@ -361,6 +372,7 @@ def test_a_second_launch_into_a_running_folder_is_refused(tmp_path):
         assert "another eagle-eval is writing there right now" in second.stderr
         assert "[rank 1/2] eagle-eval: error: rank 0 stopped the run: --output-dir" in second.stderr
         assert first.poll() is None                                         # the first run goes on
+        gate.touch()
         _, err = first.communicate(timeout=300)
         assert first.returncode == 0, err[-3000:]
     finally:

@@ -151,6 +151,7 @@ def sample_ids(workload: Workload) -> list[list[str]]:
 
 
 def in_workload_order(workload: Workload, records: list[SampleRecord]) -> list[SampleRecord]:
-    """`records` sorted as a single uninterrupted run writes them: question by question, turn by turn."""
+    """`records` sorted as a single uninterrupted run writes them: question by question, turn by turn
+    (an id the workload does not name, last)."""
     place = {sid: i for i, sid in enumerate(s for ids in sample_ids(workload) for s in ids)}
-    return sorted(records, key=lambda r: place[r.id])
+    return sorted(records, key=lambda r: place.get(r.id, len(place)))
