@@ -163,7 +163,7 @@ def ablate(base, variants: list[str], cost_ratio: float | None = None, server_ms
                 "server_ms": list(server_ms) if server_ms else None,
                 "topk_grid": list(topk_grid or []), "draft_tokens_grid": list(draft_tokens_grid or [])}
     inputs = {**base.run.input_paths(), "responses": base.responses}
-    group = parallel.current()               # under a launcher: each profile is split, rank 0 writes
+    group = parallel.current()               # in a launched run: each profile is split, rank 0 writes
     group.check_same("settings", settings_digests("ablate", settings, inputs))
     folder = group.on_main(lambda: open_run_output("ablate", base.run, settings, inputs))
     try:

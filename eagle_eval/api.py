@@ -43,8 +43,9 @@ class RunResult:
 
 def evaluate(config: RunConfig, progress: bool = True) -> RunResult:
     """Run the reference loop over the prompts; with output_dir, write samples.jsonl as it goes.
-    Under torchrun / accelerate launch the questions are shared between the processes and rank 0
-    alone writes the folder (eagle_eval/parallel); every rank returns the report, rank 0 the samples."""
+    In a launched run (torchrun / accelerate launch, `parallel.group.init`, which the CLI calls) the
+    questions are shared between the processes and rank 0 alone writes the folder (eagle_eval/parallel);
+    every rank returns the report, rank 0 the samples."""
     group = parallel.current()               # first: a replica's GPUs are chosen before CUDA starts
     torch.manual_seed(config.seed)
     group.check_same("settings", settings_digests("run", config.as_dict(), config.input_paths()))

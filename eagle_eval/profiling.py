@@ -57,8 +57,8 @@ def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int
 
 
 def profile(pcfg, progress: bool = True, oracle: Oracle | None = None) -> ProfileResult:
-    """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps. Under
-    torchrun / accelerate launch the prompts are split between the processes and the profiles
+    """Teacher-forced profile: exact per-cycle acceptance for every num_steps <= max_steps. In a
+    launched run (eagle_eval/parallel) the prompts are split between the processes and the profiles
     all-gathered, so every rank returns the same result; rank 0 alone writes the folder."""
     cfg = pcfg.run
     group = parallel.current()               # first: a replica's GPUs are chosen before CUDA starts

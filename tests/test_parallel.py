@@ -69,7 +69,7 @@ def test_replica_devices(visible, local_rank, local_world, per, want):
 
 
 def test_replica_devices_refuses_too_few_gpus():
-    with pytest.raises(ParallelError, match="--gpus-per-replica 2: 4 processes on this node need 8 GPUs, 4 are"):
+    with pytest.raises(ParallelError, match=r"--gpus-per-replica 2: 4 process\(es\) on this node need 8 GPUs, 4 are"):
         replica_devices(["0", "1", "2", "3"], 0, 4, 2)
 
 

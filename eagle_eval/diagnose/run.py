@@ -128,7 +128,7 @@ class Rounds:
         tok, oracle = self.oracle.tokenizer, self.oracle
         pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
         need = self.run.max_new_tokens + self.run.num_steps
-        self.conts += parallel.current().map_shards(      # under a launcher: split, all-gathered
+        self.conts += parallel.current().map_shards(      # in a launched run: split, all-gathered
             self.prompts[len(self.conts):hi], lambda part: greedy_continuations(
                 oracle.speculator, [p.input_ids for p in part], need, pad, 16384), weight=lambda p: len(p.input_ids))
 
@@ -164,7 +164,7 @@ def diagnose(run, dcfg: DiagnoseConfig, progress: bool = False, oracle=None) -> 
 
     inputs = {**run.input_paths(), "train_dump": dcfg.train_dump}
     settings = {**run.as_dict(), **dcfg.__dict__}
-    group = parallel.current()             # under a launcher: the profiles are split, rank 0 writes
+    group = parallel.current()             # in a launched run: the profiles are split, rank 0 writes
     group.check_same("settings", settings_digests("diagnose", settings, inputs))
     folder = group.on_main(lambda: open_run_folder(dcfg.output_dir, "diagnose", settings, inputs,
                                                    overwrite=run.overwrite) if dcfg.output_dir else None)

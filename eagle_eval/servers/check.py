@@ -131,7 +131,7 @@ def _settings_rows(settings: dict | None, backend: str, resolved: dict, draft_pa
 
 def _decode_and_ask(oracle, workload, client, config: RunConfig, check: ServerCheckConfig, progress: bool):
     """(prompts, oracle samples, per-request rows) in workload order: each prompt decoded by the
-    oracle (under a launcher by whichever process takes its question, eagle_eval/parallel), then sent
+    oracle (in a launched run by whichever process takes its question, eagle_eval/parallel), then sent
     to the server by rank 0 as it arrives, one request at a time. Empty lists on the other ranks."""
     from eagle_eval.parallel import group as parallel
     from eagle_eval.parallel.turns import decode_questions
@@ -184,8 +184,8 @@ def _any_disagreement(rows: list[dict], mode: str) -> bool:
 
 def run_server_check(config: RunConfig, check: ServerCheckConfig, oracle=None,
                      progress: bool = False) -> ServerCheckResult:
-    """The check below, with --output-dir owned by this run (results/run_folder.py). Under a
-    launcher the oracle's decodes are split between the processes; rank 0 alone talks to the server
+    """The check below, with --output-dir owned by this run (results/run_folder.py). In a
+    launched run the oracle's decodes are split between the processes; rank 0 alone talks to the server
     and writes the folder, and every rank returns its result."""
     from eagle_eval.parallel import group as parallel
     from eagle_eval.parallel.settings import settings_digests
