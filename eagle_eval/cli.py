@@ -216,11 +216,31 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--debug", is_flag=True, default=False, help="On bad input, also print the traceback.")
+@click.option("--gpus-per-replica", type=click.IntRange(min=1), default=None,
+              help="Under torchrun / accelerate launch: GPUs each process (one replica of the target) takes on its "
+                   "node; default: the node's GPUs split evenly between its processes (docs/parallel.md). A setting "
+                   "of the launch, not of the run: it is not compared on --resume.")
 @click.pass_context
-def main(ctx, debug):
+def main(ctx, debug, gpus_per_replica):
     """Ground-truth acceptance for EAGLE-3 draft heads (reference greedy loop in pure PyTorch).
     Exit status (every command): 0 ok, 1 a check failed, 2 bad input, 3 undecided, 130 interrupted."""
     ctx.obj = {"debug": debug}
+    _join_launch(gpus_per_replica)
+
+
+def _join_launch(gpus_per_replica: int | None) -> None:
+    """Under a launcher (WORLD_SIZE > 1): this replica's GPUs, the process group, rank-tagged output."""
+    import os
+
+    if gpus_per_replica is None and (os.environ.get("WORLD_SIZE") or "1") == "1":
+        return
+    from eagle_eval.errors import USER_ERRORS
+    from eagle_eval.parallel import console, group
+
+    try:
+        console.setup(group.init(gpus_per_replica))
+    except USER_ERRORS as exc:
+        fail(str(exc), exc)
 
 
 def _run(kw: dict) -> None:

@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "eagle_eval"
-LOWER = {"models", "speculative", "workload", "results"}
+LOWER = {"models", "speculative", "workload", "results", "parallel"}
 HIGHER = {"oracle", "commands", "diagnose", "servers", "api", "cli"}
 # the floors above the stages, lowest first: a room imports only from its own floor or below
 DOOR = [{"errors"}, {"settings"}, LOWER, {"oracle"}, {"commands"}, {"diagnose", "servers"}, {"api"}, {"cli"}]
@@ -105,6 +105,13 @@ def test_the_greedy_path_has_no_more_rooms_than_before(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     rooms = int(out.stdout.strip().splitlines()[-1])
     assert rooms <= GREEDY_PATH_ROOMS, f"`eagle-eval run` loads {rooms} modules, more than {GREEDY_PATH_ROOMS}"
+
+
+def test_parallel_knows_no_model():
+    """parallel/ moves records between processes; decoding comes in as a callable (its contract)."""
+    bad = [(a, b) for a, b in import_edges() if _unit(a) == "parallel"
+           and _unit(b) not in ("parallel", "results", "workload", "errors")]
+    assert not bad, f"parallel/ imports beyond results, workload and errors: {bad}"
 
 
 def test_errors_is_the_ground_floor():

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from eagle_eval.commands.folder import open_folder
 from eagle_eval.commands.profile import profile_oracle
 from eagle_eval.oracle import load_oracle
+from eagle_eval import parallel
 from eagle_eval.results.acceptance import speedup
 from eagle_eval.results.advice import advise, settings_from_rows
 from eagle_eval.results.plot import plot_ablation
@@ -158,8 +159,8 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
             if costs is None:
                 if options.cost_ratio is not None:
                     costs, timing = Costs(options.cost_ratio, {}, "given (--cost-ratio; r = 1)"), None
-                else:
-                    costs, timing = measure_costs(oracle, sizes)
+                else:                      # timed on rank 0 alone, the others waiting: one clock for every row
+                    costs, timing = parallel.current().from_main(lambda: measure_costs(oracle, sizes))
             label = name if len(topks) == 1 else f"{name} topk={k}"
             shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
                       if k > 1 and grid else {None: res.report["by_num_steps"]})

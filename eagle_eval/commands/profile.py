@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from eagle_eval.commands.folder import open_folder
+from eagle_eval.commands.folder import agree_on_loaded, open_folder
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
+from eagle_eval import parallel
 from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
 from eagle_eval.results.resume import workload_digests
 from eagle_eval.settings import ProfileOptions, Settings
@@ -82,6 +83,7 @@ def profile_oracle(oracle: Oracle, options: ProfileOptions = ProfileOptions(), p
     and filters as `run`), on the continuations of --responses when given."""
     workload = checked_workload(oracle, oracle.settings.workload.max_new_tokens + options.max_steps + 1)
     prompts = workload.first_prompts
+    agree_on_loaded(oracle, prompts)
     conts = (_read_responses(options.responses, prompts, oracle.tokenizer, oracle.limits()[0])
              if options.responses else None)
     return profile_prompts(oracle, prompts, options, conts, progress, workload=(workload.resolved, workload.warnings))
@@ -92,9 +94,8 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
                     workload: tuple[dict, list] = ({}, [])) -> ProfileResult:
     """The profile of `prompts` (first turns) with the oracle's settings. continuations: given responses
     (token ids per prompt, e.g. a server's), checked against the target's argmax; None = the target's own
-    greedy. workload: (what the workload resolved, its warnings), echoed in the report."""
-    from tqdm import tqdm
-
+    greedy. workload: (what the workload resolved, its warnings), echoed in the report. In a launched run the
+    prompts are split between the processes and every rank returns the same result."""
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
     from eagle_eval.speculative import profile as prof
     from eagle_eval.speculative.tree import pool_size
@@ -104,45 +105,20 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     need = max_new + k_max
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
     given = continuations is not None
-    if given:
-        conts = _extend(spec, prompts, [c[:need] for c in continuations], need, pad, options.batch_tokens, progress)
-    else:
-        with tqdm(total=len(prompts) * need, desc="generate", unit="tok", disable=not progress) as bar:
-            conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, options.batch_tokens,
-                                              progress=bar.update)
     # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
     d_main = {s: min(r.num_draft_tokens, pool_size(s, topk) + 1) for s in range(1, k_max + 1)}
     grid = [(s, d) for d in (options.draft_tokens_grid or ()) for s in range(1, k_max + 1)
             if 2 <= d <= pool_size(s, topk) + 1]
     tree = (topk, sorted(set(d_main.items()) | set(grid))) if topk > 1 else (1, None)
-
-    def run_profile(indices, desc):
-        out = {}
-        seqs = [prompts[i].input_ids + conts[i] for i in indices]
-        for batch in tqdm(list(prof.batches(seqs, 0, options.batch_tokens)), desc=desc, unit="batch",
-                          disable=not progress):
-            items = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
-            for j, res in zip(batch, prof.profile_batch(spec, items, k_max, max_new, pad, *tree)):
-                out[indices[j]] = res
-        return out
-
-    profiled = run_profile(list(range(len(prompts))), "profile")
-    divergences = [{"id": profiled[i].prompt.id, **profiled[i].divergence}
-                   for i in range(len(prompts)) if profiled[i].divergence is not None]
-    numeric = []
-    if given and divergences:
-        # responses that are not the target's greedy: profile the greedy sequence from the divergence on
-        bad = [i for i in range(len(prompts)) if profiled[i].divergence is not None]
-        cut = [conts[i][: profiled[i].divergence["position"]] for i in bad]
-        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, options.batch_tokens, progress)):
-            conts[i] = c
-        for i, res in run_profile(bad, "re-profile").items():
-            res.divergence = profiled[i].divergence
-            profiled[i] = res
-    elif divergences:
-        # our own batched greedy vs the teacher-forced argmax: rounding (near-ties, e.g. in bf16), kept
-        numeric, divergences = divergences, []
-    profiled = [profiled[i] for i in range(len(prompts))]
+    group = parallel.current()           # in a launched run: the prompts split, the profiles all-gathered
+    items = list(zip(prompts, continuations if given else [None] * len(prompts)))
+    profiled = group.map_shards(items, lambda part: _profiled(oracle, part, options, need, pad, tree, given,
+                                                             progress and group.is_main),
+                                weight=lambda item: len(item[0].input_ids) + need)
+    found = [{"id": p.prompt.id, **p.divergence} for p in profiled if p.divergence is not None]
+    # given responses that are not the target's greedy were profiled on its greedy sequence from there on;
+    # without them, our own batched greedy vs the teacher-forced argmax is rounding (near-ties, e.g. in bf16)
+    divergences, numeric = (found, []) if given else ([], found)
 
     def simulate(p, s, d=None):
         if p.tree_runs is None:
@@ -178,6 +154,46 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
               "definitions": DEFINITIONS, "warnings": oracle.warnings + list(notes),
               "provenance": provenance(settings.decoding.seed)}
     return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled)
+
+
+def _profiled(oracle: Oracle, items: list[tuple[Prompt, list[int] | None]], options: ProfileOptions, need: int,
+              pad: int, tree, given: bool, progress: bool) -> list:
+    """The profile of each (prompt, given continuation or None): the part of a profile a launched run splits
+    between its processes. A given continuation that departs from the target's argmax is profiled again on the
+    target's greedy sequence from the divergence on (its `divergence` kept)."""
+    from tqdm import tqdm
+
+    from eagle_eval.speculative import profile as prof
+
+    spec, max_new, k_max = oracle.speculator, oracle.settings.workload.max_new_tokens, options.max_steps
+    prompts = [p for p, _ in items]
+    if given:
+        conts = _extend(spec, prompts, [c[:need] for _, c in items], need, pad, options.batch_tokens, progress)
+    else:
+        with tqdm(total=len(prompts) * need, desc="generate", unit="tok", disable=not progress) as bar:
+            conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, options.batch_tokens,
+                                              progress=bar.update)
+
+    def run_profile(indices, desc):
+        out = {}
+        seqs = [prompts[i].input_ids + conts[i] for i in indices]
+        for batch in tqdm(list(prof.batches(seqs, 0, options.batch_tokens)), desc=desc, unit="batch",
+                          disable=not progress):
+            part = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
+            for j, res in zip(batch, prof.profile_batch(spec, part, k_max, max_new, pad, *tree)):
+                out[indices[j]] = res
+        return out
+
+    profiled = run_profile(list(range(len(prompts))), "profile")
+    bad = [i for i in range(len(prompts)) if profiled[i].divergence is not None]
+    if given and bad:
+        cut = [conts[i][: profiled[i].divergence["position"]] for i in bad]
+        for i, c in zip(bad, _extend(spec, [prompts[i] for i in bad], cut, need, pad, options.batch_tokens, progress)):
+            conts[i] = c
+        for i, res in run_profile(bad, "re-profile").items():
+            res.divergence = profiled[i].divergence
+            profiled[i] = res
+    return [profiled[i] for i in range(len(prompts))]
 
 
 def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad: int,

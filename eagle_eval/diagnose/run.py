@@ -21,6 +21,7 @@ from pathlib import Path
 
 from eagle_eval.diagnose import decide
 from eagle_eval.diagnose.options import DiagnoseOptions
+from eagle_eval import parallel
 from eagle_eval.results.findings import Finding, exit_status, info
 
 
@@ -97,9 +98,13 @@ class Rounds:
         tok, oracle = self.oracle.tokenizer, self.oracle
         pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
         need = oracle.settings.workload.max_new_tokens + oracle.resolved.num_steps
-        todo = [p.input_ids for p in self.prompts[len(self.conts):hi]]
-        with tqdm(total=len(todo) * need, desc="generate", unit="tok", disable=not self.progress) as bar:
-            self.conts += greedy_continuations(oracle.speculator, todo, need, pad, 16384, progress=bar.update)
+        todo = self.prompts[len(self.conts):hi]
+        group = parallel.current()                    # in a launched run: split, all-gathered
+        with tqdm(total=len(todo) * need, desc="generate", unit="tok",
+                  disable=not (self.progress and group.is_main)) as bar:
+            self.conts += group.map_shards(todo, lambda part: greedy_continuations(
+                oracle.speculator, [p.input_ids for p in part], need, pad, 16384, progress=bar.update),
+                weight=lambda p: len(p.input_ids))
 
 
 def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.Sequence]:
@@ -134,7 +139,7 @@ def diagnose(settings, dcfg: DiagnoseOptions = DiagnoseOptions(), progress: bool
 
     folder = open_folder("diagnose", settings, dcfg)
     try:
-        return _diagnose(settings, dcfg, folder, progress, oracle)
+        return _diagnose(settings, dcfg, folder, progress and parallel.current().is_main, oracle)
     finally:
         if folder is not None:
             folder.close()

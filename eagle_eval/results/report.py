@@ -100,8 +100,10 @@ def provenance(seed: int) -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.machine()})"
+    dist = torch.distributed
+    processes = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     return {"git_commit": commit, "versions": versions, "device": device,
-            "cuda_devices": torch.cuda.device_count(), "seed": seed,
+            "cuda_devices": torch.cuda.device_count(), "processes": processes, "seed": seed,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": sys.argv}
 

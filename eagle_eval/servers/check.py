@@ -81,27 +81,41 @@ def _verdict(judged: dict | None, settings_rows, log) -> tuple[str, list[str]]:
 
 
 def _decode_and_ask(oracle, workload, client, check: ServerCheckOptions, progress: bool):
-    """(prompts, oracle samples, per-request rows): each prompt decoded by the oracle, then sent."""
-    from tqdm import tqdm
+    """(prompts, oracle samples, per-request rows) in workload order: each prompt decoded by the oracle (in a
+    launched run by whichever process takes its question, eagle_eval/parallel), then sent to the server by
+    rank 0 as it arrives, one request at a time. Empty lists on the other ranks."""
+    from eagle_eval import parallel
+    from eagle_eval.workload.conversations import in_workload_order, run_turns
 
-    from eagle_eval.workload.conversations import run_turns
-
-    prompts, rows = [], []
+    pairs, rows = [], {}
     num_steps, max_new = oracle.resolved.num_steps, oracle.settings.workload.max_new_tokens
 
-    def decode(prompt):
+    def ask(prompt, rec):
         # turn t > 1 is built from the ORACLE's earlier answers; the server gets the same token ids
-        rec = oracle.decode(prompt, check_lossless=False)
-        prompts.append(prompt)
+        pairs.append((prompt, rec))
         if client is not None:
             reply = client.generate(prompt.input_ids, max_new)
             div = divergence_from_oracle(oracle, prompt, reply.output_ids, rec.output_ids)
-            rows.append(compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin))
-        return rec
+            rows[prompt.id] = compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin)
 
-    samples = list(tqdm(run_turns(workload, decode), total=workload.num_prompts, desc="prompts", unit="prompt",
-                        disable=not progress))
-    return prompts, samples, rows
+    group = parallel.current()
+    if group.world == 1:
+        from tqdm import tqdm
+
+        def decode(prompt):
+            rec = oracle.decode(prompt, check_lossless=False)
+            ask(prompt, rec)
+            return rec
+        for _ in tqdm(run_turns(workload, decode), total=workload.num_prompts, desc="prompts", unit="prompt",
+                      disable=not progress):
+            pass
+    else:
+        from eagle_eval.parallel.turns import decode_questions
+        decode_questions(group, workload, lambda p: oracle.decode(p, check_lossless=False), {}, ask, max_new,
+                         progress)
+    samples = in_workload_order(workload, [rec for _, rec in pairs])
+    prompt_of = {p.id: p for p, _ in pairs}
+    return [prompt_of[s.id] for s in samples], samples, [rows[s.id] for s in samples if s.id in rows]
 
 
 def _log_comparison(backend: str, path: Path, start: int, samples, resolved, tolerance: float) -> dict:
@@ -133,44 +147,59 @@ def _any_disagreement(rows: list[dict], mode: str) -> bool:
 
 def run_server_check(settings: Settings, check: ServerCheckOptions, oracle=None,
                      progress: bool = False) -> ServerCheckResult:
-    """The check below, with --output-dir owned by this run (results/run_folder.py).
-
-    `oracle`: an already loaded `Oracle` for `settings` (saves reloading the target in test suites).
-    """
+    """The check below, with --output-dir owned by this run (results/run_folder.py). In a launched run the
+    oracle's decodes are split between the processes; rank 0 alone talks to the server and writes the folder,
+    and every rank returns its result. `oracle`: an already loaded `Oracle` for `settings` (saves reloading the
+    target in test suites)."""
     from eagle_eval.commands.folder import open_folder
+    from eagle_eval import parallel
 
+    group = parallel.current()
     folder = open_folder("server-check", settings, check)
     try:
-        return _run_server_check(settings, check, oracle, progress, folder)
+        result = _run_server_check(settings, check, oracle, progress and group.is_main, folder, group)
+        return group.broadcast(result)
     finally:
         if folder is not None:
             folder.close()
 
 
-def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, progress: bool,
-                      folder) -> ServerCheckResult:
-    """Compare the server at check.url (and/or check.sglang_log) with the oracle for the settings' prompts."""
-    import torch
-
-    from eagle_eval.oracle import checked_workload, load_oracle
-    from eagle_eval.results.report import DEFINITIONS, build_report
-    from eagle_eval.servers.hypotheses import match_hypotheses
+def _server(check: ServerCheckOptions):
+    """(client, its settings, a note, the SGLang log and where this check's lines start), on rank 0."""
     from eagle_eval.servers.http import Http
 
-    torch.manual_seed(settings.decoding.seed)
     log_path = Path(check.sglang_log) if check.sglang_log else None
     if log_path is not None and not log_path.is_file():
         raise FileNotFoundError(f"--sglang-log {log_path}: no such file")
     # with --url, only the lines the server appends while this check runs describe its workload
     log_start = log_path.stat().st_size if log_path is not None and check.url else 0
-    backend, eng = check.backend, engine(check.backend)
+    eng = engine(check.backend)
     client = eng.make_client(Http(check.url, check.timeout, check.retries), check) if check.url else None
     # before loading the target: a wrong --url fails in seconds
     server_settings, note = client.settings() if client is not None else (None, None)
+    return client, server_settings, note, log_path, log_start
+
+
+def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, progress: bool,
+                      folder, group) -> ServerCheckResult | None:
+    """Compare the server at check.url (and/or check.sglang_log) with the oracle for the settings' prompts."""
+    import torch
+
+    from eagle_eval.commands.folder import agree_on_loaded
+    from eagle_eval.oracle import checked_workload, load_oracle
+    from eagle_eval.results.report import DEFINITIONS, build_report
+    from eagle_eval.servers.hypotheses import match_hypotheses
+
+    torch.manual_seed(settings.decoding.seed)
+    backend, eng = check.backend, engine(check.backend)
+    client, server_settings, note, log_path, log_start = group.on_main(lambda: _server(check)) or (None,) * 5
     oracle = load_oracle(settings, like=oracle)
     workload = checked_workload(oracle)      # the same prompts and turns as `run`
     resolved = oracle.resolved
+    agree_on_loaded(oracle, workload.first_prompts)
     prompts, samples, rows = _decode_and_ask(oracle, workload, client, check, progress)
+    if not group.is_main:
+        return None                                  # rank 0's result is broadcast
     acceptance = aggregate(backend, rows, check.tolerance) if client is not None else None
     judged = judge_requests(rows, check.mode, check.tolerance) if client is not None else None
     hypotheses = None

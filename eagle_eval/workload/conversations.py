@@ -134,14 +134,34 @@ def run_turns(workload: Workload, decode: Callable[[Prompt], SampleRecord],
               done: dict[str, SampleRecord] | None = None) -> Iterator[SampleRecord]:
     """Yield one new record per turn, in order; records in `done` (a resumed run) are not decoded
     again, but their answers still build the next turn."""
-    done = done or {}
-    for question, first in zip(workload.questions, workload.first_prompts):
-        answers: list[str] = []
-        for turn in range(1, max(1, len(question.turns)) + 1):
-            prompt = first if turn == 1 else turn_prompt(question, turn, answers, workload.fmt, workload.tokenizer)
-            rec = done.get(prompt.id)
-            if rec is None:
-                rec = decode(prompt)
-                rec.turn = turn
-                yield rec
-            answers.append(workload.tokenizer.decode(rec.output_ids, skip_special_tokens=True).strip())
+    for index in range(len(workload.questions)):
+        for _, rec in question_turns(workload, index, decode, done or {}):
+            yield rec
+
+
+def question_turns(workload: Workload, index: int, decode: Callable[[Prompt], SampleRecord],
+                   done: dict[str, SampleRecord]) -> Iterator[tuple[Prompt, SampleRecord]]:
+    """(prompt, new record) for each turn of question `index` not in `done`, in turn order (a
+    question's turns are decoded together: turn t+1 is built from the answer to turn t)."""
+    question, first = workload.questions[index], workload.first_prompts[index]
+    answers: list[str] = []
+    for turn in range(1, max(1, len(question.turns)) + 1):
+        prompt = first if turn == 1 else turn_prompt(question, turn, answers, workload.fmt, workload.tokenizer)
+        rec = done.get(prompt.id)
+        if rec is None:
+            rec = decode(prompt)
+            rec.turn = turn
+            yield prompt, rec
+        answers.append(workload.tokenizer.decode(rec.output_ids, skip_special_tokens=True).strip())
+
+
+def sample_ids(workload: Workload) -> list[list[str]]:
+    """The sample ids of each question's turns, in workload order."""
+    return [[sample_id(q, t) for t in range(1, max(1, len(q.turns)) + 1)] for q in workload.questions]
+
+
+def in_workload_order(workload: Workload, records: list[SampleRecord]) -> list[SampleRecord]:
+    """`records` sorted as a single uninterrupted run writes them: question by question, turn by turn
+    (an id the workload does not name, last)."""
+    place = {sid: i for i, sid in enumerate(s for ids in sample_ids(workload) for s in ids)}
+    return sorted(records, key=lambda r: place.get(r.id, len(place)))
