@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from eagle_eval.results.distribution import (ALPHA, CellCounts, chi2_isf, chi2_sf, detectable_w, judge,
@@ -87,7 +88,28 @@ def test_counts_by_rank_with_ties_and_zeros_by_hand():
     # covariance of the first position: diag(pi) - pi pi' with pi = (0.4, 0.4, 0.1, 0.1, 0, ...)
     assert abs(c.covariance[0][1] - (-0.16)) < 1e-6 and abs(c.covariance[0][0] - (0.4 - 0.16)) < 1e-6
     assert c.outside_support == []
-    assert counts_of(p, [4, 1]).outside_support == [{"position": 0, "token": 4}, {"position": 1, "token": 1}]
+    assert counts_of(p, [4, 1]).outside_support == [{"position": 0, "token": 4, "at_filter_edge": False},
+                                                    {"position": 1, "token": 1, "at_filter_edge": False}]
+
+
+def test_a_token_at_a_filters_edge_is_listed_not_decisive():
+    """The check's forward rounds differently from the loop's (bf16 above all): a token just outside top-p
+    there may have been inside for the loop. Only tokens outside the loosened filters decide."""
+    from eagle_eval.settings import DecodingSettings
+    from eagle_eval.speculative.lossless import relaxed
+    from eagle_eval.speculative.sampling import target_probs
+
+    z = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    d = DecodingSettings(temperature=1.0, top_p=0.795)         # drops ascending cumsum <= 0.205: tokens 3, 2
+    loose = target_probs(z, relaxed(d))                         # 0.805: drops <= 0.195, token 3 only
+    assert relaxed(d).top_p == pytest.approx(0.805) and loose[0, 2] > 0 and loose[0, 3] == 0
+    edge = counts_of(target_probs(z, d), [2], loose)
+    far = counts_of(target_probs(z, d), [3], loose)
+    assert edge.outside_support == [{"position": 0, "token": 2, "at_filter_edge": True}]
+    assert judge(edge)["outside_support"] == 0 and judge(edge)["at_filter_edge"] == 1
+    assert judge(edge)["verdict"] == "undecided" and judge(far)["verdict"] == "differs"
+    k = DecodingSettings(temperature=1.0, top_k=2, min_p=0.5)
+    assert (relaxed(k).top_k, relaxed(k).min_p) == (3, 0.45) and relaxed(DecodingSettings()).top_k == 0
 
 
 def test_verdicts_never_say_lossless():

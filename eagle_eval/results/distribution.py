@@ -13,7 +13,8 @@ chi-square with (cells - 1) degrees of freedom (martingale central limit theorem
 Pearson's X^2). Cells are merged in rank order until each expects at least MIN_EXPECTED tokens (the usual
 validity condition). Rank cells are where a loop's mistakes land: a wrong residual or coin over- or
 under-emits the drafted tokens, which are mostly the target's top ranks. A token with p_t(x_t) = 0 cannot be a
-sample at all and decides alone.
+sample at all and decides alone, unless it lies at a filter's edge (speculative/lossless.py `relaxed`), where
+the loop's own forward may have rounded it inside: those are counted apart and do not decide.
 
 Verdicts (never "lossless": a test cannot prove equality):
 - differs: a token outside the support, or S's p-value below ALPHA (the false-alarm rate);
@@ -47,7 +48,7 @@ class CellCounts:
     expected: list[float] = field(default_factory=lambda: [0.0] * len(RANK_CELLS))
     covariance: list[list[float]] = field(default_factory=lambda: [[0.0] * len(RANK_CELLS) for _ in RANK_CELLS])
     tokens: int = 0
-    outside_support: list[dict] = field(default_factory=list)    # {"position", "token"} with p = 0 there
+    outside_support: list[dict] = field(default_factory=list)    # {"position", "token", "at_filter_edge"}: p = 0
 
     def add(self, cell: int, pi: list[float]) -> None:
         """One token in `cell` at a position whose cell probabilities are `pi` [K]."""
@@ -204,14 +205,17 @@ def detectable_w(tokens: int, df: int, alpha: float = ALPHA, power: float = POWE
 
 def judge(counts: CellCounts, alpha: float = ALPHA) -> dict:
     """The verdict of `counts` (module docstring) with its statistic, p-value and detectable effect."""
+    edge = [o for o in counts.outside_support if o.get("at_filter_edge")]
+    decisive = [o for o in counts.outside_support if not o.get("at_filter_edge")]
     out = {"verdict": "undecided", "tokens": counts.tokens, "alpha": alpha, "statistic": None, "df": 0,
-           "p_value": None, "detectable_w": None, "outside_support": len(counts.outside_support),
-           "outside_support_first": counts.outside_support[:5], "cells": [], "definition": DEFINITION}
+           "p_value": None, "detectable_w": None, "outside_support": len(decisive),
+           "outside_support_first": decisive[:5], "at_filter_edge": len(edge), "at_filter_edge_first": edge[:5],
+           "cells": [], "definition": DEFINITION}
     groups = merged_groups(counts.expected)
     observed = [sum(counts.observed[i] for i in g) for g in groups]
     expected = [sum(counts.expected[i] for i in g) for g in groups]
     out["cells"] = [{"ranks": _ranks(g), "observed": o, "expected": e} for g, o, e in zip(groups, observed, expected)]
-    if counts.outside_support:
+    if decisive:
         out["verdict"] = "differs"
     if len(groups) < 2:
         out["reason"] = "fewer than two cells expect 5 tokens"

@@ -259,6 +259,7 @@ def _lossless_line(s: dict) -> str:
             else d.get("reason", "no statistic"))
     return (f"distribution vs plain sampling (rank cells)          {d['verdict']} ({stat}; {d['tokens']} tokens, "
             f"alpha {d['alpha']:g}" + (f", {d['outside_support']} outside the support" if d["outside_support"] else "")
+            + (f", {d['at_filter_edge']} at a filter's edge (not decisive)" if d.get("at_filter_edge") else "")
             + ")")
 
 
