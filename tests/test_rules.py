@@ -40,7 +40,8 @@ def _tree(root: int) -> Tree:
     top = lambda t: torch.sort(Q[t], descending=True, stable=True).indices[:2].tolist()
     a, b = top(root)
     tokens = [root, a, b] + top(a) + top(b)
-    return Tree(tokens=tokens, parents=[-1, 0, 0, 1, 1, 2, 2], depths=[0, 1, 1, 2, 2, 2, 2], ranks=[0, 0, 1, 0, 1, 0, 1])
+    return Tree(tokens=tokens, parents=[-1, 0, 0, 1, 1, 2, 2], depths=[0, 1, 1, 2, 2, 2, 2],
+                ranks=[0, 0, 1, 0, 1, 0, 1])
 
 
 def toy_loop(policy, num_steps: int = 2, tree: bool = False) -> tuple[int, ...]:
@@ -93,8 +94,11 @@ def test_every_rule_samples_the_target_exactly(rule, loop):
     assert sequence_p_value(_policy(rule, seed=1), 6000, **loop) > 1e-3
 
 
-@pytest.mark.parametrize("rule,loop,name", [("vllm", {}, "without"), ("vllm-probabilistic", {}, "relu_residual"),
-                                            ("eagle", {"tree": True}, "without"), ("sglang", {"tree": True}, "without")])
+PLANTED = [("vllm", {}, "without"), ("vllm-probabilistic", {}, "relu_residual"), ("eagle", {"tree": True}, "without"),
+           ("sglang", {"tree": True}, "without")]
+
+
+@pytest.mark.parametrize("rule,loop,name", PLANTED)
 def test_a_planted_wrong_residual_fails(monkeypatch, rule, loop, name):
     """residual = p instead of relu(p - q) (for one-hot drafts: p without the rejected drafts)."""
     monkeypatch.setattr(rules, name, lambda p, other: p.clone())

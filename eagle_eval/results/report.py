@@ -46,6 +46,7 @@ def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
     tree = ({"off_top1_chain_cycles": sum(off), "off_top1_chain_share": sum(off) / len(off) if off else None}
             if any("off_top1_per_cycle" in s.extra for s in samples) else {})
     distribution = _distribution_check(samples)
+    differs = distribution.get("distribution_check", {}).get("verdict") == "differs"      # temperature > 0
     return {
         "summary": {
             **tree,
@@ -57,9 +58,10 @@ def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
             "accept_length": counts.tau,
             "mean_accepted_drafts": counts.mean_accepted_drafts,
             "spec_accept_length": sum(per_request) / len(per_request) if per_request else None,
-            # False if any checked prompt diverged; True only when every prompt was checked
-            "lossless": False if not all(checked) or distribution.get("distribution_check", {}).get("verdict") == "differs"
-            else (True if samples and len(checked) == len(samples) else None),
+            # False if any checked prompt diverged (or the sampled output differs); True only when every prompt
+            # was checked against plain greedy (never at temperature > 0: a test cannot prove equality)
+            "lossless": False if not all(checked) or differs else
+            (True if samples and len(checked) == len(samples) else None),
             "lossless_checked": len(checked),
         },
         "per_position": counts.per_position(),
@@ -241,8 +243,8 @@ def _decoding_lines(decoding: dict | None) -> list[str]:
     if not decoding or decoding.get("rule") == "greedy":
         return []
     t = decoding["thresholds"]
-    return [f"decoding    temperature {decoding['temperature']:g} top_k {decoding['top_k']} top_p {decoding['top_p']:g} "
-            f"min_p {decoding['min_p']:g}; rule {decoding['rule']}"
+    return [f"decoding    temperature {decoding['temperature']:g} top_k {decoding['top_k']} "
+            f"top_p {decoding['top_p']:g} min_p {decoding['min_p']:g}; rule {decoding['rule']}"
             + (f" (thresholds single {t['single']:g}, acc {t['acc']:g})" if t else "") + f"; seed {decoding['seed']}",
             f"            filter order {decoding['filter_order']}",
             f"            drafts {decoding['drafts']}; {decoding['output']}"]

@@ -197,7 +197,8 @@ class SampledDraftRule:
 
     def start(self, generator: torch.Generator | None, draft_vocab: torch.Tensor | None = None) -> "SampledDraftRule":
         if generator is None or draft_vocab is None:
-            raise ValueError(f"--accept-rule {self.name}: a decode needs its prompt's generator and the draft vocab map")
+            raise ValueError(f"--accept-rule {self.name}: a decode needs its prompt's generator and the draft "
+                             "vocab map")
         return replace(self, rng=generator, draft_vocab=draft_vocab, proposed=[])
 
     def first_token(self, logits: torch.Tensor) -> int:
@@ -268,8 +269,9 @@ def describe(decoding: DecodingSettings, topk: int = 1) -> dict:
         "rule": rule, "temperature": decoding.temperature, "top_k": decoding.top_k, "top_p": decoding.top_p,
         "min_p": decoding.min_p, "thresholds": thresholds, "seed": decoding.seed,
         "filter_order": FILTER_ORDER[rule],
-        "drafts": "sampled from q = softmax(draft logits / T), a chain" if sampled else
-                  ("the deterministic top-k tree (draft softmax at T = 1)" if topk > 1 else "the draft's argmax, a chain"),
+        "drafts": "sampled from q = softmax(draft logits / T), a chain" if sampled
+                  else "the deterministic top-k tree (draft softmax at T = 1)" if topk > 1
+                  else "the draft's argmax, a chain",
         "output": "biased by thresholds below 1 (as in SGLang): not plain sampling" if biased else
                   "distributed as plain sampling from p (the filtered target distribution)",
         "draws": "every coin and token from sampling.prompt_generator(seed, prompt id, sample): a torch CPU generator "
