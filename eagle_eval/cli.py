@@ -255,6 +255,8 @@ def _run(kw: dict) -> None:
         click.echo(f"\nwrote {out}/report.json, {out}/samples.jsonl and {out}/acceptance.csv")
     if result.report["summary"]["lossless"] is False:
         sys.exit(ExitCode.FAILED)
+    if result.report["summary"].get("distribution_check", {}).get("verdict") == "undecided":
+        sys.exit(ExitCode.UNDECIDED)        # temperature > 0: too few tokens to decide (never "lossless")
 
 
 def _profile(kw: dict) -> None:

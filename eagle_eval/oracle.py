@@ -108,6 +108,7 @@ class Resolved:
     position_offset: int
     train_acc: dict | None            # {"acc": [...], "source": ...}
     sanity: tuple = ()                # load-time findings (results.findings.Finding)
+    decoding: dict | None = None      # the decode policy: rule, filter order, drafts, seed (speculative/rules.py)
 
     @property
     def embedding_table(self) -> str:
@@ -124,7 +125,7 @@ class Resolved:
             "target": {**self.target.__dict__, "devices": list(self.target.devices)},
             "draft_device": self.draft_device, "dtype": self.dtype, "position_offset": self.position_offset,
             "accept_length_definition": ACCEPT_LENGTH_DEFINITION, "train_acc": self.train_acc,
-            "sanity": [f.as_dict() for f in self.sanity],
+            "sanity": [f.as_dict() for f in self.sanity], "decoding": self.decoding,
         }
 
 
@@ -210,16 +211,23 @@ class Oracle:
         return (info.vocab_size, info.max_positions, max_new + verify + 1 if extra is None else extra,
                 "max_position_embeddings")
 
-    def decode(self, prompt: Prompt, check_lossless: bool = False) -> SampleRecord:
-        """The reference loop on one prompt."""
+    def decode(self, prompt: Prompt, check_lossless: bool = False, sample: int = 0) -> SampleRecord:
+        """The reference loop on one prompt; at temperature > 0 every draw comes from the stream of (seed, prompt
+        id, `sample`), and `check_lossless` counts the output for the distribution check instead of comparing it
+        with plain greedy decoding."""
         from eagle_eval.workload.data import check_length
 
-        r, max_new = self.resolved, self.settings.workload.max_new_tokens
+        r, max_new, decoding = self.resolved, self.settings.workload.max_new_tokens, self.settings.decoding
         _, max_positions, extra, bound = self.limits()
         check_length(prompt, max_positions, extra, "the workload", bound)
+        generator = None
+        if not decoding.greedy:
+            from eagle_eval.speculative.sampling import prompt_generator
+
+            generator = prompt_generator(decoding.seed, prompt.id, sample)
         d = speculative_decode(self.speculator, prompt.input_ids, r.num_steps, max_new, self.eos_ids, r.topk,
-                               r.num_draft_tokens)
-        return self._record(prompt, d, check_lossless)
+                               r.num_draft_tokens, generator=generator)
+        return self._record(prompt, d, check_lossless, sample)
 
     def loop_mode(self, batch_size: int = 1, cuda_graphs: bool = False) -> dict:
         """Which loop `decode_many` runs: the reference loop, or the batched one (batch_size > 1, or a chain
@@ -254,15 +262,22 @@ class Oracle:
                              batch_size, r.topk, r.num_draft_tokens, cuda_graphs=mode["cuda_graphs"])
         return [self._record(p, d, check_lossless) for p, d in zip(prompts, run.decoded)]
 
-    def _record(self, prompt: Prompt, d, check_lossless: bool) -> SampleRecord:
-        r, max_new = self.resolved, self.settings.workload.max_new_tokens
+    def _record(self, prompt: Prompt, d, check_lossless: bool, sample: int = 0) -> SampleRecord:
+        r, max_new, decoding = self.resolved, self.settings.workload.max_new_tokens, self.settings.decoding
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
                            output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
                            emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
         if r.topk > 1:
             rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
             rec.extra["tree_shape_per_cycle"] = d.tree_shape_per_cycle
-        if check_lossless:
+        if not decoding.greedy:
+            rec.extra["sample"] = sample
+            if check_lossless:
+                from eagle_eval.speculative.lossless import cell_counts
+
+                counts = cell_counts(self.speculator.target, decoding, prompt.input_ids, d.output_ids)
+                rec.extra["distribution_check"] = counts.as_dict()
+        elif check_lossless:
             target = self.speculator.target
             greedy = plain_greedy(target, prompt.input_ids, max_new, self.eos_ids)
             rec.divergence = first_divergence(target, prompt.input_ids, d.output_ids, greedy)
@@ -327,14 +342,27 @@ def load_oracle(settings: Settings, like: Oracle | None = None) -> Oracle:
     return wire(settings, load_models(settings.model))
 
 
+def _decode_policy(settings: Settings, lh: LoadedHead) -> tuple[object, dict]:
+    """The loop's decode policy and its echo: GREEDY at temperature 0, else the accept rule's
+    (speculative/rules.py, which refuses what the engine refuses)."""
+    from eagle_eval.speculative.policy import GREEDY
+
+    if settings.decoding.greedy:
+        return GREEDY, {"rule": "greedy", "temperature": 0.0,
+                        "filter_order": "none: argmax (temperature 0, the same under every rule)"}
+    from eagle_eval.speculative.rules import describe, policy_for
+
+    cfg, topk = lh.head.config, settings.speculation.topk
+    return (policy_for(settings.decoding, topk, lh.path or "the draft head", cfg.draft_vocab_size, cfg.vocab_size),
+            describe(settings.decoding, topk))
+
+
 def wire(settings: Settings, loaded: Loaded) -> Oracle:
     """An oracle over already loaded weights: every setting resolved, the load-time checks run."""
     from eagle_eval.models.checks.sanity import load_findings
 
     spec_s, target, lh = settings.speculation, loaded.target, loaded.head
-    if not settings.decoding.greedy:
-        raise ConfigError(f"--temperature {settings.decoding.temperature}: sampling is not implemented yet "
-                          "(temperature 0 only)")
+    policy, decoding = _decode_policy(settings, lh)
     num_draft_tokens, notes = resolve_speculative(spec_s.num_steps, spec_s.topk, spec_s.num_draft_tokens)
     notes = list(lh.key_notes) + notes
     head = lh.head
@@ -367,8 +395,9 @@ def wire(settings: Settings, loaded: Loaded) -> Oracle:
         head=_head_info(lh), target=target.info, draft_device=str(draft_device), dtype=loaded.dtype,
         position_offset=spec_s.position_offset, train_acc=_train_acc(settings.model, lh.path) if lh.path else None,
         sanity=tuple(load_findings(target, lh, aux, spec_s.aux_layers, table_name, loaded.weight_checks))
-        if lh.path else ())
-    spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf, position_offset=spec_s.position_offset)
+        if lh.path else (), decoding=decoding)
+    spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf, position_offset=spec_s.position_offset,
+                      policy=policy)
     return Oracle(settings=settings, resolved=resolved, speculator=spec, loaded=loaded, warnings=notes)
 
 

@@ -456,7 +456,9 @@ def _by_group(flat: dict) -> dict[str, dict]:
 @dataclass(frozen=True)
 class LoopOptions(Group):
     """`run`: the loop's own options."""
-    check_lossless: bool = opt(False, "Also run plain greedy decoding and report the first divergence per prompt.",
+    check_lossless: bool = opt(False, "Also run plain greedy decoding and report the first divergence per prompt; at "
+                               "temperature > 0 a distribution check of the output against the target's p (chi-square "
+                               "on rank cells, false-alarm rate 0.001; consistent / differs / undecided).",
                                resumable=True)
     batch_size: int = opt(1, "Prompts verified in one target forward, each with its own accepted length (first "
                           "turns; speculative/batched.py).")

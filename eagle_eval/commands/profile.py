@@ -20,7 +20,7 @@ from eagle_eval.oracle import Oracle, checked_workload, load_oracle
 from eagle_eval import parallel
 from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
 from eagle_eval.results.resume import workload_digests
-from eagle_eval.settings import ProfileOptions, Settings
+from eagle_eval.settings import ConfigError, ProfileOptions, Settings
 
 
 @dataclass
@@ -100,6 +100,9 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     from eagle_eval.speculative import profile as prof
     from eagle_eval.speculative.tree import pool_size
     settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
+    if not settings.decoding.greedy:
+        raise ConfigError(f"--temperature {settings.decoding.temperature}: the profile at temperature > 0 is not "
+                          "built yet (temperature 0 only); `eagle-eval run --temperature T` samples")
     max_new, topk = settings.workload.max_new_tokens, r.topk
     spec, tok = oracle.speculator, oracle.tokenizer
     need = max_new + k_max

@@ -153,6 +153,10 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
     from eagle_eval.oracle import checked_workload, load_oracle
     from eagle_eval.results.report import provenance
 
+    if not settings.decoding.greedy:
+        from eagle_eval.settings import ConfigError
+        raise ConfigError(f"--temperature {settings.decoding.temperature}: diagnose compares wirings on the target's "
+                          "greedy continuations (temperature 0); run it without --temperature")
     limit = settings.workload.limit
     budget = min(limit, dcfg.prompt_budget) if limit is not None else dcfg.prompt_budget
     run = settings.with_(output_dir=None, resume=False, overwrite=False, limit=budget)

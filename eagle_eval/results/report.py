@@ -45,9 +45,12 @@ def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
     off = [f for s in samples for f in s.extra.get("off_top1_per_cycle", [])]
     tree = ({"off_top1_chain_cycles": sum(off), "off_top1_chain_share": sum(off) / len(off) if off else None}
             if any("off_top1_per_cycle" in s.extra for s in samples) else {})
+    distribution = _distribution_check(samples)
+    differs = distribution.get("distribution_check", {}).get("verdict") == "differs"      # temperature > 0
     return {
         "summary": {
             **tree,
+            **distribution,
             "prompts": len(samples),
             "cycles": counts.cycles,
             "accepted_drafts": counts.accepted_drafts,
@@ -55,13 +58,29 @@ def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
             "accept_length": counts.tau,
             "mean_accepted_drafts": counts.mean_accepted_drafts,
             "spec_accept_length": sum(per_request) / len(per_request) if per_request else None,
-            # False if any checked prompt diverged; True only when every prompt was checked
-            "lossless": False if not all(checked) else (True if samples and len(checked) == len(samples) else None),
+            # False if any checked prompt diverged (or the sampled output differs); True only when every prompt
+            # was checked against plain greedy (never at temperature > 0: a test cannot prove equality)
+            "lossless": False if not all(checked) or differs else
+            (True if samples and len(checked) == len(samples) else None),
             "lossless_checked": len(checked),
         },
         "per_position": counts.per_position(),
         "histogram": counts.histogram,
     }
+
+
+def _distribution_check(samples: list[SampleRecord]) -> dict:
+    """Temperature > 0 with --check-lossless: the distribution check over every checked sample's pooled counts
+    (results/distribution.py); {} when none was checked."""
+    rows = [s.extra["distribution_check"] for s in samples if "distribution_check" in s.extra]
+    if not rows:
+        return {}
+    from eagle_eval.results.distribution import CellCounts, judge
+
+    pooled = CellCounts()
+    for row in rows:
+        pooled = pooled.merge(CellCounts.from_dict(row))
+    return {"distribution_check": {**judge(pooled), "samples_checked": len(rows)}}
 
 
 def group_summaries(samples: list[SampleRecord], num_steps: int) -> dict:
@@ -221,6 +240,33 @@ def _text_decoder(target: dict) -> str:
     return f" in {target.get('decoder')} ({text})" if text else ""
 
 
+def _decoding_lines(decoding: dict | None) -> list[str]:
+    """The decode policy: the rule, its filter order, what the drafts are, the seed (temperature > 0)."""
+    if not decoding or decoding.get("rule") == "greedy":
+        return []
+    t = decoding["thresholds"]
+    return [f"decoding    temperature {decoding['temperature']:g} top_k {decoding['top_k']} "
+            f"top_p {decoding['top_p']:g} min_p {decoding['min_p']:g}; rule {decoding['rule']}"
+            + (f" (thresholds single {t['single']:g}, acc {t['acc']:g})" if t else "") + f"; seed {decoding['seed']}",
+            f"            filter order {decoding['filter_order']}",
+            f"            drafts {decoding['drafts']}; {decoding['output']}"]
+
+
+def _lossless_line(s: dict) -> str:
+    """Temperature 0: equality with plain greedy decoding; above: the distribution check's verdict."""
+    d = s.get("distribution_check")
+    if d is None:
+        return (f"lossless vs plain greedy                             "
+                f"{'not checked' if s['lossless'] is None and not s['lossless_checked'] else s['lossless']}"
+                f" ({s['lossless_checked']} checked)")
+    stat = (f"S = {d['statistic']:.2f}, df {d['df']}, p = {d['p_value']:.3g}" if d["statistic"] is not None
+            else d.get("reason", "no statistic"))
+    return (f"distribution vs plain sampling (rank cells)          {d['verdict']} ({stat}; {d['tokens']} tokens, "
+            f"alpha {d['alpha']:g}" + (f", {d['outside_support']} outside the support" if d["outside_support"] else "")
+            + (f", {d['at_filter_edge']} at a filter's edge (not decisive)" if d.get("at_filter_edge") else "")
+            + ")")
+
+
 def render_table(report: dict) -> str:
     cfg, s = report["config"], report["summary"]
     aux = cfg["aux_layers"]
@@ -238,6 +284,7 @@ def render_table(report: dict) -> str:
         f"d2t {cfg['vocab_map']['d2t']}{' (identity)' if cfg['vocab_map']['d2t_identity'] else ''}",
         f"speculative num_steps={cfg['num_steps']} topk={cfg['topk']} num_draft_tokens={cfg['num_draft_tokens']}"
         f"  max_new_tokens={cfg['max_new_tokens']}" + _eagle_params(cfg),
+        *_decoding_lines(cfg.get("decoding")),
         "",
         f"prompts {s['prompts']}  cycles {s['cycles']}  emitted tokens {s['emitted_tokens']}",
         f"accept length tau (mean accepted+1 per cycle)        {_fmt(s['accept_length'])}",
@@ -245,9 +292,7 @@ def render_table(report: dict) -> str:
         f"SGLang spec_accept_length (completion/verify, mean)  {_fmt(s['spec_accept_length'])}",
         *([f"cycles accepting off the top-1 chain (tree gain)      {s['off_top1_chain_cycles']}"
            f" ({_fmt(s['off_top1_chain_share'])})"] if "off_top1_chain_cycles" in s else []),
-        f"lossless vs plain greedy                             "
-        f"{'not checked' if s['lossless'] is None and not s['lossless_checked'] else s['lossless']}"
-        f" ({s['lossless_checked']} checked)",
+        _lossless_line(s),
         "",
         " pos   reached  accepted   a_i (cond.)   u_i (uncond.)",
     ]

@@ -191,6 +191,10 @@ def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, pro
     from eagle_eval.servers.hypotheses import match_hypotheses
 
     torch.manual_seed(settings.decoding.seed)
+    if not settings.decoding.greedy:
+        from eagle_eval.settings import ConfigError
+        raise ConfigError(f"--temperature {settings.decoding.temperature}: server-check at temperature > 0 is not "
+                          "built yet (temperature 0 only)")
     backend, eng = check.backend, engine(check.backend)
     client, server_settings, note, log_path, log_start = group.on_main(lambda: _server(check)) or (None,) * 5
     oracle = load_oracle(settings, like=oracle)

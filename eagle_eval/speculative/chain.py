@@ -7,7 +7,8 @@ the target verifies [root, d_1..d_S] in one forward; the longest matching prefix
 bonus token; the target cache is rolled back to the verified prefix; the draft is re-run on the
 target features of (root + accepted) paired with (accepted + bonus). Nothing is recomputed over the
 whole prefix. Which tokens are proposed and kept is the decode policy's (speculative/policy.py;
-greedy by default).
+greedy by default; at temperature > 0 a rule of speculative/rules.py, whose output is distributed as plain
+sampling from the target, every draw from the `generator` given).
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ def emit(out: Decoded, tokens: list[int], max_new_tokens: int, eos_ids: set[int]
 @torch.no_grad()
 def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, max_new_tokens: int,
                        eos_ids: set[int], topk: int = 1, num_draft_tokens: int | None = None,
-                       tree: bool | None = None) -> Decoded:
+                       tree: bool | None = None, generator: torch.Generator | None = None) -> Decoded:
     """Chain when topk == 1 (num_draft_tokens is then num_steps + 1), else the tree of tree.py;
-    `tree=True` runs the tree machinery for topk == 1 too (it must equal the chain)."""
+    `tree=True` runs the tree machinery for topk == 1 too (it must equal the chain). `generator`: the
+    prompt's random stream (sampling.prompt_generator), which a sampling policy draws every coin from."""
     use_tree = topk > 1 if tree is None else tree
     if use_tree and num_draft_tokens is None:
         num_draft_tokens = num_steps + 1
@@ -81,12 +83,14 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
     if max_new_tokens <= 0:
         return out
     cache = target.new_cache()
-    draft = DraftState(spec.head, spec.embed, spec.position_offset, spec.policy)
+    policy = spec.policy.start(generator, spec.head.to_target_ids(torch.arange(spec.head.config.draft_vocab_size,
+                                                                                device=device)))
+    draft = DraftState(spec.head, spec.embed, spec.position_offset, policy)
     prompt = torch.tensor([prompt_ids], device=device)                 # [1, T]
     with FeatureCapture(target.layers, spec.aux_hf, device) as capture:
         logits = target.forward(prompt, cache)                         # prefill
         aux = capture.pop()                                            # [1, T, k*H_t]
-        first = spec.policy.first_token(logits[0, -1])
+        first = policy.first_token(logits[0, -1])
         out.output_ids.append(first)
         if first in eos_ids or max_new_tokens == 1:
             return out
@@ -96,11 +100,11 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
         while True:
             if not use_tree:
                 drafts = draft.propose_chain(num_steps)                # [S]
-                v = verify_chain(target, cache, capture, root, drafts, spec.policy)
+                v = verify_chain(target, cache, capture, root, drafts, policy)
                 new_tokens = drafts[: v.accepted].tolist() + [v.bonus]
             else:
                 tree = select_tree(draft.propose_tree(num_steps, topk), root, num_draft_tokens)
-                v = verify_tree(target, cache, capture, tree, spec.policy)
+                v = verify_tree(target, cache, capture, tree, policy)
                 new_tokens = [tree.tokens[i] for i in v.path[1:]] + [v.bonus]
                 out.off_top1_per_cycle.append(not tree.on_top1_chain(v.path))
                 out.tree_shape_per_cycle.append([tree.depths.count(d) for d in range(1, max(tree.depths) + 1)])

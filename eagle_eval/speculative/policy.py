@@ -6,8 +6,10 @@ Contract: `DecodePolicy` is what speculative/chain.py and verify.py call; `GREED
 engine (docs/eagle3.md section 4): drafts are the draft's argmax, a draft is accepted while it equals the
 target's argmax at its parent, and the added (bonus) token is the target's argmax after the last accepted
 node. Tree drafting stays the deterministic top-k expansion of tree.py for every rule (SGLang and EAGLE
-build the tree from the draft's softmax without temperature). Sampling rules (vLLM, SGLang, EAGLE at
-temperature > 0) implement the same protocol with a seeded generator.
+build the tree from the draft's softmax without temperature). The sampling rules (vLLM, SGLang, EAGLE at
+temperature > 0, speculative/rules.py) implement the same protocol: `start` binds one decode's random stream
+(`sampling.prompt_generator`) and the draft-to-target vocab map, and returns the policy that decode calls;
+greedy draws nothing and is its own decode's policy.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from eagle_eval.speculative.tree import Tree, accept_path
 @runtime_checkable
 class DecodePolicy(Protocol):
     name: str
+
+    def start(self, generator: torch.Generator | None, draft_vocab: torch.Tensor) -> "DecodePolicy":
+        """The policy of one decode: every draw from `generator` (the prompt's stream); draft_vocab [V_d] = the
+        target id of each draft id (the head's d2t map), for rules whose drafts carry a distribution q."""
 
     def first_token(self, logits: torch.Tensor) -> int:
         """The token after the prefill: logits [V] float32 of the target at the prompt's last position."""
@@ -56,6 +62,9 @@ def greedy_accept(drafts: list[int], target_argmax: list[int]) -> int:
 class Greedy:
     """Temperature 0: argmax proposals, prefix acceptance, argmax bonus (every engine's greedy rule)."""
     name = "greedy"
+
+    def start(self, generator: torch.Generator | None = None, draft_vocab: torch.Tensor | None = None) -> "Greedy":
+        return self
 
     def first_token(self, logits: torch.Tensor) -> int:
         return int(logits.argmax())
