@@ -13,6 +13,11 @@ settings (see test_server_check.py); the faults here change what goes over the w
 | `malformed_json` | they answer 200 with a body that is not JSON |
 | `slow` | they answer after 3 s |
 | `per_step_reversed` | vLLM per-request metrics: per_step_accepted in reverse order (every total unchanged) |
+| `not_samples` | at temperature > 0: the tokens drawn uniformly from the vocabulary (what the real vLLM CPU build's speculative sampling returns) |
+| `wrong_residual` | at temperature > 0: a rejected draft is replaced by a sample of p itself (the rejected draft not removed) |
+
+At temperature > 0 the stand-in samples as its engine does: the decode policy of `rule` (default vLLM's rule for
+the vLLM stand-in, SGLang's for the SGLang one) seeded with the request's seed, with the request's filters.
 
 `Engine(..., per_request="summary" | "detailed")` makes the vLLM stand-in answer with per-request
 metrics under `metrics.speculative_decoding`, in the shape a real vLLM 0.32 answers
@@ -37,15 +42,17 @@ from eagle_eval.results.records import Prompt
 # capture hooks are per model), and a `slow` handler may still be running after its test has ended
 _DECODE_LOCK = threading.Lock()
 
-FAULTS = ("draft_tokens_info", "non_greedy", "no_verify_ct", "http_500", "malformed_json", "slow", "per_step_reversed")
+FAULTS = ("draft_tokens_info", "non_greedy", "no_verify_ct", "http_500", "malformed_json", "slow", "per_step_reversed",
+          "not_samples", "wrong_residual")
 
 
 class Engine:
     def __init__(self, oracle, backend: str, fault: str | None = None, log_path=None, log_interval: int = 10,
-                 per_request: str | None = None):
+                 per_request: str | None = None, rule: str | None = None):
         assert fault is None or fault in FAULTS, fault
         assert per_request in (None, "summary", "detailed"), per_request
         self.oracle, self.backend, self.fault, self.per_request = oracle, backend, fault, per_request
+        self.rule = rule or backend
         self.num_steps = oracle.resolved.num_steps
         self.log_path, self.log_interval = log_path, log_interval
         self.window = [0, 0]                     # accepted tokens incl. bonus, verify steps
@@ -64,11 +71,13 @@ class Engine:
             for i in range(self.num_steps):
                 self.per_pos.labels("fake-model", "0", str(i))
 
-    def decode(self, input_ids: list[int], max_new_tokens: int):
+    def decode(self, input_ids: list[int], max_new_tokens: int, sampling: dict | None = None):
         with _DECODE_LOCK:
             oracle = self.oracle
             if max_new_tokens != oracle.settings.workload.max_new_tokens:
                 oracle = oracle.with_(max_new_tokens=max_new_tokens)
+            if sampling and sampling.get("temperature", 0) > 0:
+                return self._sample(oracle, input_ids, sampling)
             rec = oracle.decode(Prompt(id=f"r{self.requests}", category="x", input_ids=list(input_ids)))
             self.requests += 1
             out = list(rec.output_ids)
@@ -77,6 +86,29 @@ class Engine:
                 out[3] = int(logits[0, -1].argmin())
             self._account(rec)
             return rec, out
+
+    def _sample(self, oracle, input_ids: list[int], sampling: dict):
+        """The engine's speculative sampling (its rule, the request's filters and seed)."""
+        from eagle_eval.speculative.chain import speculative_decode
+
+        top_k = sampling.get("top_k") or 0
+        oracle = oracle.with_(temperature=float(sampling["temperature"]), top_p=float(sampling.get("top_p", 1.0)),
+                              top_k=max(int(top_k), 0), min_p=float(sampling.get("min_p", 0.0)), accept_rule=self.rule)
+        spec = oracle.speculator
+        if self.fault == "wrong_residual":
+            spec = _with_wrong_residual(spec)
+        r = oracle.resolved
+        gen = torch.Generator().manual_seed(int(sampling.get("seed", 0)))
+        d = speculative_decode(spec, list(input_ids), r.num_steps, oracle.settings.workload.max_new_tokens,
+                               oracle.eos_ids, r.topk, r.num_draft_tokens, generator=gen)
+        out = list(d.output_ids)
+        if self.fault == "not_samples":
+            vocab = spec.target.info.vocab_size
+            out = torch.randint(0, vocab, (len(out),), generator=gen).tolist()
+        self.requests += 1
+        rec = SimpleRecord(d.accepted_per_cycle)
+        self._account(rec)
+        return rec, out
 
     def _account(self, rec):
         for n in rec.accepted_per_cycle:
@@ -110,8 +142,10 @@ class Engine:
 
     def sglang_generate(self, body: dict) -> dict:
         params = body["sampling_params"]
-        assert params["temperature"] == 0
-        rec, out = self.decode(body["input_ids"], params["max_new_tokens"])
+        sampling = {"temperature": params["temperature"], "top_p": params.get("top_p", 1.0),
+                    "top_k": params.get("top_k", -1), "min_p": params.get("min_p", 0.0),
+                    "seed": params.get("sampling_seed", 0)}
+        rec, out = self.decode(body["input_ids"], params["max_new_tokens"], sampling)
         meta = {"id": "x", "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(out),
                 "finish_reason": {"type": "length", "length": len(out)}}
         if self.fault != "no_verify_ct":
@@ -126,8 +160,9 @@ class Engine:
         return {"text": " ".join(f"w{t}" for t in out), "output_ids": out, "meta_info": meta}
 
     def vllm_complete(self, body: dict) -> dict:
-        assert body["temperature"] == 0 and isinstance(body["prompt"], list)
-        rec, out = self.decode(body["prompt"], body["max_tokens"])
+        assert isinstance(body["prompt"], list)
+        sampling = {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "seed") if k in body}
+        rec, out = self.decode(body["prompt"], body["max_tokens"], sampling)
         choice = {"index": 0, "text": "", "finish_reason": "length", "logprobs": None}
         if body.get("return_token_ids"):
             choice["token_ids"] = out
@@ -151,6 +186,28 @@ class Engine:
         if self.per_request == "detailed" and steps:
             spec.update(per_step_accepted=steps, per_step_drafted=[self.num_steps] * len(steps))
         return spec
+
+
+class SimpleRecord:
+    """What `_account` and the answers read of a decode: its accepted drafts per cycle."""
+
+    def __init__(self, accepted_per_cycle):
+        self.accepted_per_cycle = list(accepted_per_cycle)
+
+
+def _with_wrong_residual(spec):
+    """The speculator with vLLM's rule broken: a rejected draft's replacement sampled from p itself (the draft
+    not removed), so the server emits the rejected draft again now and then."""
+    from dataclasses import replace
+
+    from eagle_eval.speculative.rules import VllmRule, coin
+
+    class WrongResidual(VllmRule):
+        def node(self, p, children):
+            (d,) = children
+            return (0, None) if coin(self.rng) < float(p[d]) else (None, p)
+
+    return replace(spec, policy=WrongResidual(decoding=spec.policy.decoding))
 
 
 def _handler(engine: Engine):

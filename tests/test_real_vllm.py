@@ -56,6 +56,29 @@ def check(oracle, url, limit=None, **kw):
     return run_server_check(cfg, ServerCheckOptions(backend="vllm", url=url, **kw), oracle=oracle)
 
 
+def sampled_check(oracle, url, limit=8, **decoding):
+    cfg = Settings.of(target=str(TARGET), draft=str(DRAFT), num_steps=NUM_STEPS, dtype="fp32", limit=limit,
+                      max_new_tokens=48, **decoding)
+    return run_server_check(cfg, ServerCheckOptions(backend="vllm", url=url), oracle=oracle)
+
+
+def test_sampling_on_the_cpu_build_is_caught_as_not_samples_of_the_target(real_vllm_servers, oracle):
+    """vLLM 0.32's CPU build serves the bundled pair exactly at temperature 0 (above), but its speculative
+    sampling is broken: at temperature 0.7, top-p 0.95 and a per-request seed it returns tokens the target gives
+    probability 0 at those settings. server-check at temperature > 0 must say that, not only that acceptance
+    differs."""
+    server = real_vllm_servers(TARGET, DRAFT, SPECULATIVE)
+    result = sampled_check(oracle, server.url, temperature=0.7, top_p=0.95)
+    r = result.report
+    assert result.exit_status == 1 and r["verdict"] == "disagree", render_server_check(r)
+    assert r["plausibility"]["verdict"] == "differs" and r["plausibility"]["outside_support"] > 0
+    assert r["plausibility"]["mean_log_p"] < r["plausibility"]["mean_log_p_of_samples"] - 5
+    assert "not samples of the target at these settings" in r["reasons"][0]
+    assert all(row["sampling"]["temperature"] == 0.7 and row["sampling"]["top_p"] == 0.95 for row in r["requests"])
+    assert len({row["sampling"]["seed"] for row in r["requests"]}) == len(r["requests"])       # a seed per request
+    assert "not samples of the target" in render_server_check(r)
+
+
 def taps_logged(server) -> str:
     lines = [ln for ln in server.log_path.read_text().splitlines() if "Using auxiliary layers" in ln]
     return lines[-1].split("config:")[-1].strip() if lines else ""

@@ -191,16 +191,14 @@ def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, pro
     from eagle_eval.servers.hypotheses import match_hypotheses
 
     torch.manual_seed(settings.decoding.seed)
-    if not settings.decoding.greedy:
-        from eagle_eval.settings import ConfigError
-        raise ConfigError(f"--temperature {settings.decoding.temperature}: server-check at temperature > 0 is not "
-                          "built yet (temperature 0 only)")
     backend, eng = check.backend, engine(check.backend)
     client, server_settings, note, log_path, log_start = group.on_main(lambda: _server(check)) or (None,) * 5
     oracle = load_oracle(settings, like=oracle)
     workload = checked_workload(oracle)      # the same prompts and turns as `run`
     resolved = oracle.resolved
     agree_on_loaded(oracle, workload.first_prompts)
+    if not settings.decoding.greedy:
+        return _sampled_check(oracle, workload, client, server_settings, note, check, progress, group)
     prompts, samples, rows = _decode_and_ask(oracle, workload, client, check, progress)
     if not group.is_main:
         return None                                  # rank 0's result is broadcast
@@ -239,12 +237,63 @@ def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, pro
     return ServerCheckResult(report=report, exit_status=EXIT_STATUS[verdict])
 
 
+def _sampled_check(oracle, workload, client, server_settings, note, check: ServerCheckOptions, progress: bool,
+                   group) -> ServerCheckResult | None:
+    """server-check at temperature > 0 (servers/sampled.py): the answers' distribution against the target's, and
+    each request's per-step counts against the drafts re-made along its own answer (one-hot rules). Rank 0 only:
+    the oracle decodes nothing, so there is nothing to split."""
+    from eagle_eval.results.report import DEFINITIONS, build_report
+    from eagle_eval.servers.sampled import ask_sampled, exact_per_request, judge_sampled, plausibility
+    from eagle_eval.speculative.sampling import FILTER_ORDER
+
+    if client is None and group.is_main:
+        from eagle_eval.settings import ConfigError
+        raise ConfigError("--temperature > 0 needs --url (the SGLang log alone says nothing about sampled answers)")
+    if not group.is_main:
+        return None
+    settings, resolved, decoding = oracle.settings, oracle.resolved, oracle.settings.decoding
+    prompts, records, rows = ask_sampled(oracle, workload, client, check, progress)
+    plaus = plausibility(oracle, [(p.input_ids, r["output_ids"]) for p, r in zip(prompts, rows)])
+    exact = exact_per_request(decoding)
+    verdict, reasons = judge_sampled(rows, plaus, exact)
+    settings_rows = (engine(check.backend).compare_settings(server_settings, resolved, settings.model.draft)
+                     if server_settings is not None else [])
+    for row in settings_rows:
+        if row["ok"] is False:
+            verdict = "disagree"
+            reasons.append(f"server setting {row['setting']} = {row['server']}, oracle {row['oracle']}")
+    report = build_report({**settings.flat(), **check.as_dict()}, resolved, workload.resolved, records,
+                          list(oracle.warnings) + list(workload.warnings) + ([note] if note else []),
+                          settings.decoding.seed, sample_prompt=workload.sample_prompt)
+    server_tau = [r["server"]["figure"] for r in rows if r["server"]["figure"] is not None]
+    report.update({
+        "kind": "server_check", "definitions": {**DEFINITIONS, "sampled": (
+            "at temperature > 0: summary/per_position are the counts re-drafted along the server's own answers "
+            "(the per-step counts a faithful server must report under a one-hot rule); plausibility: the answers' "
+            "tokens against the target's p at these settings")},
+        "server_check": check.as_dict(),
+        "server": {"backend": check.backend, "url": check.url, "settings": server_settings,
+                   "settings_check": settings_rows},
+        "sampling": {"temperature": decoding.temperature, "top_k": decoding.top_k, "top_p": decoding.top_p,
+                     "min_p": decoding.min_p, "rule": decoding.accept_rule, "filter_order": FILTER_ORDER[decoding.accept_rule],
+                     "per_request_seed": "sha256 of (--seed, prompt id), 31 bits (servers/sampled.py request_seed)",
+                     "exact_per_request": exact},
+        "plausibility": plaus, "tokens": {"requests": len(rows)}, "judgement": None, "acceptance": {
+            "server_mean_accept_length": sum(server_tau) / len(server_tau) if server_tau else None,
+            "redrafted_accept_length": report["summary"]["accept_length"] if exact else None},
+        "distribution": None, "divergences": [], "requests": rows, "hypotheses": None, "sglang_log": None,
+        "verdict": verdict, "reasons": reasons, "exit_status": EXIT_STATUS[verdict]})
+    return ServerCheckResult(report=report, exit_status=EXIT_STATUS[verdict])
+
+
 def _f(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
 
 def render_server_check(report: dict) -> str:
     """The terminal summary of a server_check report."""
+    if report.get("sampling"):
+        return _render_sampled(report)
     srv, tok, acc = report["server"], report["tokens"], report["acceptance"]
     lines = [f"server-check  {srv['backend']}  {srv['url'] or '(log only)'}"]
     for s in srv["settings_check"]:
@@ -306,3 +355,30 @@ def render_server_check(report: dict) -> str:
     lines.append(f"verdict: {report['verdict'].upper()}")
     lines += [f"  - {r}" for r in report["reasons"]]
     return "\n".join(lines)
+
+
+def _render_sampled(report: dict) -> str:
+    """The terminal summary of a check at temperature > 0."""
+    srv, smp, pl, acc = report["server"], report["sampling"], report["plausibility"], report["acceptance"]
+    lines = [f"server-check  {srv['backend']}  {srv['url']}  at temperature {smp['temperature']:g} (top-k "
+             f"{smp['top_k'] or 'off'}, top-p {smp['top_p']:g}, min-p {smp['min_p']:g}; rule {smp['rule']}: "
+             f"{smp['filter_order']})"]
+    for s in srv["settings_check"]:
+        state = {True: "ok", False: "MISMATCH", None: "-"}[s["ok"]]
+        lines.append(f"  {s['setting']:<34} server {str(s['server']):<12} oracle {str(s['oracle']):<12} {state}")
+    lines.append(f"samples     the server's tokens against the target's p: {pl['verdict'].upper()} ({pl['message']}); "
+                 f"mean log p {_f(pl['mean_log_p'])} per token, samples of the target average "
+                 f"{_f(pl['mean_log_p_of_samples'])}")
+    if smp["exact_per_request"]:
+        compared = [r for r in report["requests"] if r.get("redrafted", {}).get("equal") is not None]
+        equal = sum(1 for r in compared if r["redrafted"]["equal"])
+        lines.append(f"per request the accepted drafts against the drafts re-made along each answer: {equal}/"
+                     f"{len(compared)} requests equal ({len(report['requests'])} sent)")
+    lines.append(f"acceptance  server mean accept length {_f(acc['server_mean_accept_length'])}; re-drafted along "
+                 f"its answers {_f(acc['redrafted_accept_length'])}")
+    for w in report["warnings"]:
+        lines.append(f"WARNING: {w}")
+    lines.append(f"verdict: {report['verdict'].upper()}")
+    lines += [f"  - {r}" for r in report["reasons"]]
+    return "\n".join(lines)
+

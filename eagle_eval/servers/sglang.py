@@ -103,9 +103,16 @@ class SGLangClient:
             return sglang_settings(info), None
         return None, "the server has neither /get_server_info nor /server_info: its settings are not compared"
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> ServerReply:
-        body = {"input_ids": list(input_ids),
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+    def generate(self, input_ids: list[int], max_new_tokens: int, sampling: dict | None = None) -> ServerReply:
+        """sampling: {temperature, top_p, top_k, min_p, seed} (None: temperature 0), sent as SGLang's
+        sampling_params name them (`top_k` -1 = off, the seed as `sampling_seed`; managers/io_struct.py)."""
+        params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+        if sampling:
+            params.update({k: v for k, v in sampling.items() if k not in ("seed", "top_k")},
+                          top_k=sampling.get("top_k") or -1)
+            if "seed" in sampling:
+                params["sampling_seed"] = sampling["seed"]
+        body = {"input_ids": list(input_ids), "sampling_params": params}
         return parse_sglang_generate(self.http.json("POST", "/generate", json=body), self.http.base + "/generate")
 
 

@@ -263,12 +263,15 @@ class VLLMClient:
                           "or this is a vLLM without the V1 spec-decode metrics")
         return {"num_speculative_tokens": len(c.per_position) or None}, None
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> ServerReply:
+    def generate(self, input_ids: list[int], max_new_tokens: int, sampling: dict | None = None) -> ServerReply:
         """One request; its acceptance from the answer's per-request metrics or from counter deltas
-        (`metrics_source`, see the module docstring), the source named in the reply."""
+        (`metrics_source`, see the module docstring), the source named in the reply. sampling: {temperature,
+        top_p, top_k, min_p, seed} of the request (None: temperature 0), as vLLM's SamplingParams name them
+        (`top_k` 0 = off; vllm/sampling_params.py)."""
         url = self.http.base + "/v1/completions"
         body = {"model": self.model(), "prompt": list(input_ids), "max_tokens": max_new_tokens,
-                "temperature": 0.0, "return_token_ids": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+                "temperature": 0.0, "return_token_ids": True, "logprobs": 0, "return_tokens_as_token_ids": True,
+                **(sampling or {})}
         read_counters = self.metrics_source == "counters" or (self.metrics_source == "auto"
                                                               and not self._per_request_seen)
         before = self.counters() if read_counters else None     # the previous request's read already settled

@@ -1,0 +1,212 @@
+"""server-check at temperature > 0: what a server's sampled answers must satisfy, judged on the answers alone.
+
+Contract: a sampling server's tokens come from its own random stream, so they cannot equal the oracle's; what
+can be checked is fixed by the answers themselves (docs/eagle3.md section 8):
+- `request_sampling(decoding, prompt_id)`: the sampling parameters each request carries (the run's temperature,
+  top-k, top-p, min-p and a per-request seed derived from (seed, prompt id), so a rerun sends the same requests);
+- `plausibility(oracle, pairs)`: are the answers samples of the target at these settings? One teacher-forced
+  forward per answer gives p_t (speculative/sampling.py, in the rule's filter order); every token counted in its
+  rank cell under p_t and judged by the chi-square of results/distribution.py (consistent / differs / undecided,
+  false-alarm rate 0.001), beside the mean log p_t of the answer's tokens and what samples of p would average
+  (minus the mean entropy): a server whose tokens the target finds impossible is named as such;
+- `redrafted(oracle, prompt, answer)`: under the one-hot rules (vllm, sglang at its default thresholds, eagle) a
+  draft is accepted exactly when the emitted token equals it, so the server's per-step accepted counts are fixed
+  by its own answer: the drafts re-made along the answer (the teacher-forced all-starts drafting of the profile)
+  and the longest prefix the answer continues with, cycle by cycle. The last cycle may look past the answer's
+  end (tokens the server cut at max_new_tokens): it is a lower bound, marked as such;
+- `compare_redrafted(ours, last_capped, server)`: the server's per-step counts (vLLM's detailed per-request
+  metrics) against those, or its totals when that is all it reports.
+Rules that sample their drafts (vllm-probabilistic, sglang-rs) fix no per-step count: only plausibility applies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+ONE_HOT_RULES = ("vllm", "sglang", "eagle")
+
+
+def request_seed(seed: int, prompt_id: str) -> int:
+    """A request's seed, from (the run's seed, the prompt id) alone (31 bits: every engine takes it).
+
+    >>> request_seed(0, "q1") == request_seed(0, "q1") != request_seed(1, "q1")
+    True
+    """
+    digest = hashlib.sha256(f"eagle-eval-request/{seed}/{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def request_sampling(decoding, prompt_id: str) -> dict:
+    """The sampling parameters of one request: {temperature, top_p, top_k, min_p, seed}."""
+    return {"temperature": decoding.temperature, "top_p": decoding.top_p, "top_k": decoding.top_k,
+            "min_p": decoding.min_p, "seed": request_seed(decoding.seed, prompt_id)}
+
+
+def exact_per_request(decoding) -> bool:
+    """Whether the rule fixes each request's per-step accepted counts from its answer."""
+    return decoding.accept_rule in ONE_HOT_RULES and (
+        decoding.accept_rule != "sglang" or (decoding.accept_threshold_single, decoding.accept_threshold_acc) == (1, 1))
+
+
+@torch.no_grad()
+def plausibility(oracle, pairs: list[tuple[list[int], list[int]]]) -> dict:
+    """pairs: (prompt ids, answer ids) of every request -> the distribution check of the answers against p."""
+    from eagle_eval.results.distribution import CellCounts, judge
+    from eagle_eval.speculative.lossless import counts_of, relaxed
+    from eagle_eval.speculative.sampling import target_probs
+
+    target, decoding = oracle.speculator.target, oracle.settings.decoding
+    counts, logp, entropy, tokens = CellCounts(), 0.0, 0.0, 0
+    for prompt_ids, answer in pairs:
+        if not answer:
+            continue
+        ids = torch.tensor([prompt_ids + answer[:-1]], device=target.input_device)
+        logits = target.forward(ids, None)[0, len(prompt_ids) - 1:]                        # [n, V]
+        p = target_probs(logits, decoding).double().cpu()
+        counts = counts.merge(counts_of(p, answer, target_probs(logits, relaxed(decoding))))
+        x = torch.tensor(answer)
+        logp += float(p.gather(1, x[:, None])[:, 0].clamp_min(1e-30).log().sum())
+        entropy += float(-(p * p.clamp_min(1e-300).log()).sum())
+        tokens += len(answer)
+    verdict = judge(counts)
+    return {**verdict, "message": _message(verdict), "tokens": tokens,
+            "mean_log_p": logp / tokens if tokens else None,
+            "mean_log_p_of_samples": -entropy / tokens if tokens else None,
+            "definition": "the answers' tokens counted by their rank under the target's p at these settings (the "
+                          "rule's filter order), chi-square against the counts samples of p would give; mean_log_p: "
+                          "the mean log p of the answers' tokens (p = 0 counted as 1e-30), mean_log_p_of_samples: "
+                          "what samples of p would average (minus the mean entropy)"}
+
+
+@torch.no_grad()
+def redrafted(oracle, prompt, answer: list[int]) -> tuple[list[int], bool]:
+    """(accepted drafts per cycle along `answer`, whether the last cycle is a lower bound) under a one-hot rule."""
+    from eagle_eval.speculative import profile as prof
+
+    if not answer:
+        return [], False
+    r = oracle.resolved
+    s, pad = r.num_steps, 0
+    cont = list(answer) + [pad] * (s + 1)
+    shapes = sorted({(s, r.num_draft_tokens)}) if r.topk > 1 else None
+    [p] = prof.profile_batch(oracle.speculator, [(prompt, cont)], s, len(answer), pad, r.topk, shapes)
+    runs = p.run_lengths if p.tree_runs is None else p.tree_runs[(s, r.num_draft_tokens)][0]
+    known = [min(run, len(answer) - 1 - k) for k, run in enumerate(runs)]     # never past the answer's end
+    d = prof.simulate_cycles(known, cont, s, len(answer), oracle.eos_ids)
+    last_capped = bool(d.accepted_per_cycle) and _start_of_last(d.accepted_per_cycle) + s >= len(answer) - 1
+    return d.accepted_per_cycle, last_capped
+
+
+def _message(v: dict) -> str:
+    """The distribution check's result in words."""
+    parts = []
+    if v.get("outside_support"):
+        parts.append(f"{v['outside_support']} token(s) the target gives probability 0 at these settings")
+    if v.get("p_value") is not None:
+        parts.append(f"chi-square {v['statistic']:.1f} on {v['df']} df over {v['tokens']} tokens, p = {v['p_value']:.2g}")
+    if v.get("reason"):
+        parts.append(v["reason"])
+    return "; ".join(parts) or f"{v['tokens']} tokens"
+
+
+def _start_of_last(accepted: list[int]) -> int:
+    """Index of the root of the last cycle in the answer."""
+    return sum(n + 1 for n in accepted[:-1])
+
+
+def compare_redrafted(ours: list[int], last_capped: bool, server: dict, num_steps: int) -> dict:
+    """The server's counts (its per-step sequence, else its totals) against the re-drafted ones.
+    server: {accepted_per_cycle, verify_count, accepted_drafts}.
+
+    >>> compare_redrafted([2, 0, 1], True, {"accepted_per_cycle": [2, 0, 3]}, 3)["equal"]
+    True
+    >>> compare_redrafted([2, 0, 1], False, {"verify_count": 3, "accepted_drafts": 4}, 3)["equal"]
+    False
+    """
+    steps = server.get("accepted_per_cycle")
+    if steps is not None:
+        body_equal = list(steps[:-1]) == list(ours[:-1]) and len(steps) == len(ours)
+        last_ok = bool(ours) and (steps[-1] >= ours[-1] if last_capped else steps[-1] == ours[-1])
+        equal = body_equal and (last_ok or not ours)
+        first = next((i for i, (a, b) in enumerate(zip(steps, ours)) if a != b), None)
+        return {"compared": "per step", "equal": equal, "first_differing_cycle": None if equal else first,
+                "server": list(steps), "redrafted": list(ours), "last_cycle_lower_bound": last_capped}
+    cycles, accepted = server.get("verify_count"), server.get("accepted_drafts")
+    if cycles is None or accepted is None:
+        return {"compared": None, "equal": None, "redrafted": list(ours), "last_cycle_lower_bound": last_capped}
+    low = sum(ours)
+    high = low - ours[-1] + num_steps if last_capped and ours else low     # the last cycle: at least ours, at most S
+    equal = cycles == len(ours) and low <= accepted <= high
+    return {"compared": "totals", "equal": equal, "server": {"verify_count": cycles, "accepted_drafts": accepted},
+            "redrafted": list(ours), "last_cycle_lower_bound": last_capped}
+
+
+def ask_sampled(oracle, workload, client, check, progress: bool) -> tuple[list, list, list[dict]]:
+    """(prompts, records, per-request rows) of a check at temperature > 0: every turn sent to the server with the
+    run's sampling settings; the server's answer is the record's output (a later turn is built from the server's
+    earlier answers: there is no oracle answer to use), its accepted_per_cycle the counts re-drafted along it."""
+    from tqdm import tqdm
+
+    from eagle_eval.results.records import SampleRecord
+    from eagle_eval.workload.conversations import run_turns
+
+    decoding, s = oracle.settings.decoding, oracle.resolved.num_steps
+    max_new, exact = oracle.settings.workload.max_new_tokens, exact_per_request(decoding)
+    prompts, rows = [], []
+
+    def decode(prompt):
+        reply = client.generate(prompt.input_ids, max_new, request_sampling(decoding, prompt.id))
+        answer = list(reply.output_ids or [])
+        ours, capped = redrafted(oracle, prompt, answer) if exact else ([], False)
+        server = {"accepted_per_cycle": reply.accepted_per_cycle, "verify_count": reply.verify_count,
+                  "accepted_drafts": reply.accepted_drafts}
+        row = {"id": prompt.id, "tokens": len(answer), "sampling": request_sampling(decoding, prompt.id),
+               "server": {**server, "output_tokens": reply.completion_tokens, "source": reply.source,
+                          "figure": (1 + reply.accepted_drafts / reply.verify_count)
+                          if reply.verify_count and reply.accepted_drafts is not None else None},
+               "notes": list(reply.notes), "output_ids": answer}
+        if exact and reply.output_ids is not None:
+            row["redrafted"] = compare_redrafted(ours, capped, server, s)
+        rows.append(row)
+        prompts.append(prompt)
+        return SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
+                            output_ids=answer, accepted_per_cycle=ours, emitted_per_cycle=[n + 1 for n in ours],
+                            verify_count=len(ours))
+
+    records = list(tqdm(run_turns(workload, decode), total=workload.num_prompts, desc="prompts", unit="prompt",
+                        disable=not progress))
+    return prompts, records, rows
+
+
+def judge_sampled(rows: list[dict], plaus: dict | None, exact: bool) -> tuple[str, list[str]]:
+    """The verdict of a check at temperature > 0 and its reasons (undecided is never agree)."""
+    reasons = {"disagree": [], "undecided": [], "incomplete": []}
+    if plaus is not None and plaus.get("verdict") == "differs":
+        reasons["disagree"].append(
+            f"the server's tokens are not samples of the target at these settings: {plaus.get('message', '')} "
+            f"(mean log p of its tokens {plaus['mean_log_p']:.3f} per token where samples of the target average "
+            f"{plaus['mean_log_p_of_samples']:.3f})")
+    elif plaus is not None and plaus.get("verdict") == "undecided":
+        reasons["undecided"].append(f"too few tokens to tell whether the server's tokens are samples of the target "
+                                    f"({plaus.get('message', '')})")
+    if exact:
+        compared = [r for r in rows if r.get("redrafted", {}).get("equal") is not None]
+        bad = [r for r in compared if r["redrafted"]["equal"] is False]
+        if bad:
+            r = bad[0]["redrafted"]
+            where = (f" at cycle {r['first_differing_cycle']}" if r.get("first_differing_cycle") is not None else "")
+            reasons["disagree"].append(
+                f"{len(bad)} of {len(compared)} request(s) accepted other drafts than the drafts re-made along their "
+                f"own answers (first: {bad[0]['id']}{where}: server {r.get('server')}, re-drafted {r['redrafted']})")
+        if len(compared) < len(rows):
+            reasons["incomplete"].append(f"{len(rows) - len(compared)} request(s) report no acceptance counts to "
+                                         "compare with the drafts re-made along their answers")
+    else:
+        reasons["incomplete"].append("the rule samples its drafts (vllm-probabilistic, sglang-rs): no per-request "
+                                     "count follows from the answers; only the answers' distribution is checked")
+    for verdict in ("disagree", "undecided", "incomplete"):
+        if reasons[verdict]:
+            return verdict, [r for v in ("disagree", "undecided", "incomplete") for r in reasons[v]]
+    return "agree", []

@@ -1,0 +1,96 @@
+"""server-check at temperature > 0 against the stand-in servers (tests/fake_servers.py sampling with each engine's
+rule): faithful servers agree (their answers are samples of the target, their per-step counts those re-drafted
+along their own answers); a server whose tokens are not samples of the target, and one whose residual keeps the
+rejected draft, are caught and named. The real vLLM CPU build is tests/test_real_vllm.py."""
+
+import pytest
+from fake_servers import Engine, serve
+
+from eagle_eval.oracle import load_oracle
+from eagle_eval.servers.check import render_server_check, run_server_check
+from eagle_eval.servers.options import ServerCheckOptions
+from eagle_eval.servers.sampled import compare_redrafted, redrafted, request_sampling
+from eagle_eval.settings import DecodingSettings, Settings
+
+BASE = Settings.of(limit=8, max_new_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return load_oracle(BASE)
+
+
+def _check(oracle, backend, fault=None, rule=None, **decoding):
+    with serve(Engine(oracle, backend, fault=fault, per_request="detailed", rule=rule)) as url:
+        settings = BASE.with_(accept_rule=rule or backend, **decoding)
+        return run_server_check(settings, ServerCheckOptions(backend=backend, url=url, metrics_settle=0, retries=0),
+                                oracle=oracle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_a_faithful_sampling_server_agrees(oracle, backend):
+    result = _check(oracle, backend, temperature=0.9, top_p=0.95)
+    r = result.report
+    assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)
+    assert r["plausibility"]["verdict"] == "consistent"
+    assert all(row["redrafted"]["equal"] for row in r["requests"])
+    assert r["sampling"]["exact_per_request"] and r["sampling"]["rule"] == backend
+
+
+@pytest.mark.slow
+def test_tokens_that_are_not_samples_of_the_target_are_named(oracle):
+    result = _check(oracle, "vllm", fault="not_samples", temperature=0.7, top_p=0.95)
+    r = result.report
+    assert result.exit_status == 1 and r["plausibility"]["verdict"] == "differs"
+    assert r["reasons"][0].startswith("the server's tokens are not samples of the target at these settings")
+    assert r["plausibility"]["mean_log_p"] < r["plausibility"]["mean_log_p_of_samples"] - 10
+
+
+@pytest.mark.slow
+def test_a_residual_that_keeps_the_rejected_draft_is_caught_per_request(oracle):
+    """At T = 3, top-k 4 the bundled target is flat enough for a rejected draft to come back often: the
+    server then reports it rejected where its own answer continues with it."""
+    result = _check(oracle, "vllm", fault="wrong_residual", temperature=3.0, top_k=4)
+    r = result.report
+    assert result.exit_status == 1 and any("accepted other drafts than the drafts re-made" in x for x in r["reasons"])
+    faithful = _check(oracle, "vllm", temperature=3.0, top_k=4)
+    assert faithful.exit_status == 0, render_server_check(faithful.report)
+
+
+@pytest.mark.slow
+def test_a_rule_with_sampled_drafts_checks_only_the_distribution(oracle):
+    result = _check(oracle, "vllm", rule="vllm-probabilistic", temperature=0.9)
+    r = result.report
+    assert not r["sampling"]["exact_per_request"] and r["plausibility"]["verdict"] == "consistent"
+    assert result.exit_status == 3 and "no per-request count follows" in " ".join(r["reasons"])
+
+
+def test_requests_carry_the_settings_and_a_seed_per_prompt():
+    d = DecodingSettings(temperature=0.6, top_p=0.9, top_k=20, seed=7)
+    a, b = request_sampling(d, "q1"), request_sampling(d, "q2")
+    assert (a["temperature"], a["top_p"], a["top_k"]) == (0.6, 0.9, 20) and a["seed"] != b["seed"]
+    assert request_sampling(d, "q1") == a                               # reruns send the same requests
+
+
+def test_the_redrafted_counts_are_the_greedy_loops_on_its_own_answer(oracle):
+    """At temperature 0 a server's answer is the target's greedy output, and the counts re-drafted along it are
+    the reference loop's, cycle by cycle (the last one may only be a lower bound)."""
+    from eagle_eval.oracle import checked_workload
+
+    for prompt in checked_workload(oracle).first_prompts[:4]:
+        rec = oracle.decode(prompt)
+        ours, capped = redrafted(oracle, prompt, rec.output_ids)
+        assert ours[:-1] == rec.accepted_per_cycle[:-1] and len(ours) == len(rec.accepted_per_cycle)
+        assert ours[-1] <= rec.accepted_per_cycle[-1] and (capped or ours[-1] == rec.accepted_per_cycle[-1])
+        assert compare_redrafted(ours, capped, {"accepted_per_cycle": rec.accepted_per_cycle}, 5)["equal"]
+
+
+def test_a_check_at_temperature_above_zero_needs_a_url(oracle, tmp_path):
+    log = tmp_path / "sglang.log"
+    log.write_text("")
+    from eagle_eval.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="needs --url"):
+        run_server_check(BASE.with_(temperature=0.7), ServerCheckOptions(backend="sglang", sglang_log=str(log)),
+                         oracle=oracle)
