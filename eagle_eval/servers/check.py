@@ -290,16 +290,29 @@ def _f(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
 
+def _settings_lines(srv: dict) -> list[str]:
+    """One line per setting the server reports, against the oracle's."""
+    lines = []
+    for s in srv["settings_check"]:
+        state = {True: "ok", False: "MISMATCH", None: "-"}[s["ok"]]
+        lines.append(f"  {s['setting']:<34} server {str(s['server']):<12} oracle {str(s['oracle']):<12} {state}"
+                     + (f"  ({s['note']})" if s.get("note") else ""))
+    return lines
+
+
+def _verdict_lines(report: dict) -> list[str]:
+    """The warnings, the verdict and its reasons: how every summary ends."""
+    return ([f"WARNING: {w}" for w in report["warnings"]] + [f"verdict: {report['verdict'].upper()}"]
+            + [f"  - {r}" for r in report["reasons"]])
+
+
 def render_server_check(report: dict) -> str:
     """The terminal summary of a server_check report."""
     if report.get("sampling"):
         return _render_sampled(report)
     srv, tok, acc = report["server"], report["tokens"], report["acceptance"]
     lines = [f"server-check  {srv['backend']}  {srv['url'] or '(log only)'}"]
-    for s in srv["settings_check"]:
-        state = {True: "ok", False: "MISMATCH", None: "-"}[s["ok"]]
-        lines.append(f"  {s['setting']:<34} server {str(s['server']):<12} oracle {str(s['oracle']):<12} {state}"
-                     + (f"  ({s['note']})" if s["note"] else ""))
+    lines += _settings_lines(srv)
     if srv["url"]:
         lines.append(f"tokens      {tok['requests']} requests: {tok['equal']} equal, {tok['near_tie']} near-tie, "
                      f"{tok['mismatch']} diverged, {tok['unknown']} not reported")
@@ -350,11 +363,7 @@ def render_server_check(report: dict) -> str:
     if log:
         lines.append(f"sglang log  {log['lines']} decode lines, mean accept len {_f(log['server_accept_length'])} "
                      f"vs oracle tau {_f(log['oracle_accept_length'])}")
-    for w in report["warnings"]:
-        lines.append(f"WARNING: {w}")
-    lines.append(f"verdict: {report['verdict'].upper()}")
-    lines += [f"  - {r}" for r in report["reasons"]]
-    return "\n".join(lines)
+    return "\n".join(lines + _verdict_lines(report))
 
 
 def _render_sampled(report: dict) -> str:
@@ -363,9 +372,7 @@ def _render_sampled(report: dict) -> str:
     lines = [f"server-check  {srv['backend']}  {srv['url']}  at temperature {smp['temperature']:g} (top-k "
              f"{smp['top_k'] or 'off'}, top-p {smp['top_p']:g}, min-p {smp['min_p']:g}; rule {smp['rule']}: "
              f"{smp['filter_order']})"]
-    for s in srv["settings_check"]:
-        state = {True: "ok", False: "MISMATCH", None: "-"}[s["ok"]]
-        lines.append(f"  {s['setting']:<34} server {str(s['server']):<12} oracle {str(s['oracle']):<12} {state}")
+    lines += _settings_lines(srv)
     lines.append(f"samples     the server's tokens against the target's p: {pl['verdict'].upper()} ({pl['message']}); "
                  f"mean log p {_f(pl['mean_log_p'])} per token, samples of the target average "
                  f"{_f(pl['mean_log_p_of_samples'])}")
@@ -376,9 +383,5 @@ def _render_sampled(report: dict) -> str:
                      f"{len(compared)} requests equal ({len(report['requests'])} sent)")
     lines.append(f"acceptance  server mean accept length {_f(acc['server_mean_accept_length'])}; re-drafted along "
                  f"its answers {_f(acc['redrafted_accept_length'])}")
-    for w in report["warnings"]:
-        lines.append(f"WARNING: {w}")
-    lines.append(f"verdict: {report['verdict'].upper()}")
-    lines += [f"  - {r}" for r in report["reasons"]]
-    return "\n".join(lines)
+    return "\n".join(lines + _verdict_lines(report))
 
