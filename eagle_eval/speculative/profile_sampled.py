@@ -1,0 +1,332 @@
+"""The profile at temperature > 0: the exact expectation of every cycle start, and the acceptance along
+continuations sampled from the target, from one teacher-forced pass per batch.
+
+Contract: for each prompt + continuation (sampled here from `sampling.target_probs` with the prompt's own
+generator, or given), ONE target forward over the sequence gives the aux features, the target's rows on
+the continuation and its KV cache. Start t >= 1 (docs/sampling.md) is the context prompt + the first t
+continuation tokens, the t-th being the root; its drafts are what the head proposes there (the loop's
+drafts: the chain continues from its own drafts, `draft.free_running`; trees from `draft.unroll_trees`,
+which is exact). For a one-hot rule, P(A >= i) of start t is a product of p(draft) along the drafts
+(speculative/expected.py); each p is read from the pass's own row where the drafts so far follow the
+continuation, else from `branches.branch_probs` (the left drafts run as extra query tokens over the cache).
+Every num_steps <= max_steps and every tree shape comes from the same drafts and rows.
+
+The acceptance along the continuation itself (what a server reports, EAGLE3.md section 8: under the
+one-hot rules an emitted token equals a draft exactly when that draft was accepted) is the greedy
+profile's prefix match on it: `Profiled.run_lengths` / `tree_runs`, walked by `profile.simulate_cycles`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eagle_eval.models.capture import FeatureCapture
+from eagle_eval.speculative.branches import Branches, branch_probs, probs_at
+from eagle_eval.speculative.chain import Speculator
+from eagle_eval.speculative.draft import free_running, unroll_chains, unroll_trees
+from eagle_eval.speculative.expected import chain_at_least, depth_at_least, first_duplicates, sibling_accept, tree_reach
+from eagle_eval.speculative.profile import Profiled, run_lengths_from_predictions, tree_run_lengths
+from eagle_eval.speculative.sampling import prompt_generator, target_probs
+from eagle_eval.speculative.tree import pool_size
+
+
+@dataclass
+class Expected:
+    """One sequence's exact expectations, per start k = t - 1 (root = the t-th continuation token)."""
+    chain: torch.Tensor | None = None       # [max_new, max_steps] float64: P(A >= i) of the chain, i = 1..max_steps
+    trees: dict | None = None               # {(S, D): [max_new, S] float64}: P(accepted depth >= d)
+    variance: torch.Tensor | None = None    # [max_new, max_steps]: the estimate's variance (sampled drafts only)
+
+
+class SampleNext:
+    """`choose` for `profile.greedy_continuations`: each row's next token drawn from target_probs by
+    inverse CDF with one uniform of the row's own generator (reproducible whatever the batch)."""
+
+    def __init__(self, decoding, generators: list[torch.Generator]):
+        self.decoding, self.generators = decoding, generators
+
+    def __call__(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        u = torch.cat([torch.rand(1, generator=self.generators[r], dtype=torch.float64) for r in rows])
+        return sample_inverse_cdf(target_probs(logits, self.decoding), u).cpu()
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs [B, V], u [B] in [0, 1) -> ids [B]: the first index whose cumulative probability exceeds u * total
+    (never a zero-probability token).
+
+    >>> sample_inverse_cdf(torch.tensor([[0.0, 0.5, 0.0, 0.5]]), torch.tensor([0.0])).tolist()
+    [1]
+    """
+    cdf = probs.double().cumsum(-1)
+    pick = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)[:, 0]
+    return pick.clamp(max=probs.shape[-1] - 1)
+
+
+def sampled_continuations(spec: Speculator, prompts: list, samples: list[int], num_tokens: int, pad_id: int,
+                          batch_tokens: int, decoding, prefixes: list[list[int]] | None = None) -> list[list[int]]:
+    """Continuations of num_tokens tokens sampled from the target (not stopped at EOS), row i with
+    `prompt_generator(seed, prompts[i].id, samples[i])`; prefixes: tokens already given (kept, then
+    extended by sampling)."""
+    from eagle_eval.speculative.profile import greedy_continuations
+
+    gens = [prompt_generator(decoding.seed, p.id, s) for p, s in zip(prompts, samples)]
+    heads = prefixes or [[] for _ in prompts]
+    more = greedy_continuations(spec, [p.input_ids + h for p, h in zip(prompts, heads)], num_tokens, pad_id,
+                                batch_tokens, choose=SampleNext(decoding, gens))
+    return [h + m for h, m in zip(heads, more)]
+
+
+@dataclass
+class _Pass:
+    """The teacher-forced pass over a right-padded batch: what the expectations read."""
+    ids: torch.Tensor                 # [B, W] on the draft's device
+    logits: torch.Tensor              # [B, W, V] (the target's dtype)
+    aux: torch.Tensor                 # [B, W, k*H_t]
+    cache: object                     # the target's KV cache over the W positions
+    width: int
+    starts: list                      # T per row: the root of start 1 is at position T
+    lengths: list                     # real tokens per row
+
+
+@torch.no_grad()
+def teacher_forced(spec: Speculator, items: list, pad_id: int) -> _Pass:
+    """One target forward over each prompt + continuation (right-padded), keeping its KV cache."""
+    target, device = spec.target, spec.draft_device
+    seqs = [p.input_ids + c for p, c in items]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.tensor(s)
+        mask[row, : len(s)] = 1
+    cache = target.new_cache()
+    with FeatureCapture(target.layers, spec.aux_hf, device) as cap:
+        logits = target.forward(ids, cache, attention_mask=mask, upcast=False)      # [B, W, V]
+        aux = cap.pop()                                                            # [B, W, k*H_t]
+    return _Pass(ids.to(device), logits, aux, cache, width, [len(p.input_ids) for p, _ in items],
+                 [len(s) for s in seqs])
+
+
+@torch.no_grad()
+def profile_batch_sampled(spec: Speculator, items: list, max_steps: int, max_new_tokens: int, pad_id: int,
+                          decoding, topk: int = 1, tree_shapes: list | None = None,
+                          chunk_tokens: int = 4096) -> list[Profiled]:
+    """`profile.profile_batch` at temperature > 0 (a one-hot rule): the same pass, plus `Profiled.expected`.
+    items: (prompt, continuation of max_new_tokens + max_steps tokens)."""
+    tf = teacher_forced(spec, items, pad_id)
+    results = [Profiled(prompt=p, continuation=c, run_lengths=[]) for p, c in items]
+    if topk == 1:
+        steps = unroll_chains(spec.head, tf.aux[:, :-1], spec.embed(tf.ids[:, 1:]), max_steps, spec.position_offset,
+                              argmax_only=True, feed=free_running(spec.head, spec.embed))
+        preds = torch.stack(steps, dim=1)                                            # [B, K, W-1]
+        chain = chain_expectations(spec.target, tf.cache, tf.width, tf.logits, preds, tf.ids, tf.starts, tf.lengths,
+                                   max_steps, max_new_tokens, decoding, chunk_tokens)
+        for row, res in enumerate(results):
+            t, n = tf.starts[row], tf.lengths[row]
+            r = run_lengths_from_predictions(preds[row, :, : n - 1], tf.ids[row, :n])
+            res.run_lengths = r[t - 1: t - 1 + max_new_tokens].tolist()
+            res.expected = Expected(chain=chain[row])
+        return results
+    trees = tree_expectations(spec, tf.cache, tf.width, tf.logits, tf.aux, tf.ids, tf.starts, tf.lengths, max_steps,
+                              max_new_tokens, topk, tree_shapes, decoding, chunk_tokens)
+    for res, (runs, at_least) in zip(results, trees):
+        res.tree_runs, res.expected = runs, Expected(trees=at_least)
+    return results
+
+
+@torch.no_grad()
+def profile_batch_rollouts(spec: Speculator, items: list, keys: list, max_steps: int, max_new_tokens: int,
+                           pad_id: int, decoding, rollouts: int, chunk_tokens: int = 4096) -> list[Profiled]:
+    """The sampled-draft rules (chains): P(A >= i) estimated by rollouts (speculative/rollouts.py), exact at
+    i = 1. keys: (prompt id, sample) per item. No run lengths: the accepted count is not a function of the text."""
+    from eagle_eval.speculative.rollouts import rollout_expectations
+
+    tf = teacher_forced(spec, items, pad_id)
+    est, var = rollout_expectations(spec, tf.cache, tf.width, tf.logits, tf.aux, tf.ids, tf.starts, keys, max_steps,
+                                    max_new_tokens, decoding, rollouts, chunk_tokens)
+    return [Profiled(prompt=p, continuation=c, run_lengths=[], expected=Expected(chain=est[i], variance=var[i]))
+            for i, (p, c) in enumerate(items)]
+
+
+def chain_expectations(target, cache, width: int, logits: torch.Tensor, preds: torch.Tensor, ids: torch.Tensor,
+                       starts: list[int], lengths: list[int], k_max: int, max_new: int, decoding,
+                       chunk_tokens: int) -> torch.Tensor:
+    """P(A >= i) [B, max_new, K] float64 of the chain from each start (the loop's drafts preds [B, K, W-1]).
+
+    Start k of row b: start pair p = T_b - 1 + k, root at p + 1, draft i = preds[b, i-1, p+i-1] at position
+    p + 1 + i. p_i(d_i) is the row's own at position p + i while d_1..d_{i-1} follow the continuation (the
+    first m drafts do, m = the run length), else a branch over the cache."""
+    b = preds.shape[0]
+    k_idx = torch.arange(max_new, device=preds.device)
+    i_idx = torch.arange(1, k_max + 1, device=preds.device)
+    drafts = torch.full((b, max_new, k_max), -1, dtype=torch.long, device=preds.device)   # d_i of start k
+    truth = torch.full_like(drafts, -1)                                           # the continuation there
+    on = torch.zeros(b, max_new, k_max, dtype=torch.float64, device=preds.device)
+    span = max_new + k_max - 1                                                   # positions T .. T + span - 1
+    for row, t in enumerate(starts):
+        cols = (t - 1 + k_idx[:, None] + i_idx[None] - 1)                          # [max_new, K]: p + i - 1
+        drafts[row] = _gather_steps(preds[row], cols)
+        # the row's own p at positions T .. T + span - 1, read at the drafts ending there: position c holds
+        # p_i of start k = c - T - i + 1 for every i, whose draft d_i is preds[i-1, c-1]
+        asked = preds[row, :, t - 1: t - 1 + span].T                               # [span, K]
+        got = probs_at(logits[row, t: t + span], asked, decoding).double().to(preds.device)   # [span, K]
+        on[row] = got[k_idx[:, None] + i_idx[None] - 1, i_idx[None].expand(max_new, -1) - 1]
+        truth[row] = _padded(ids[row, : lengths[row]], t + k_idx[:, None] + i_idx[None])       # x at p + 1 + i
+    run = (drafts == truth).long().cumprod(-1).sum(-1)                              # [B, max_new]: m
+    accept = on.clone()
+    off = i_idx[None, None] > run[..., None] + 1                                  # p_i off the continuation
+    accept[off] = 0.0
+    prefix = chain_at_least(torch.where(off, torch.ones_like(on), on))            # product of the on-part
+    need = (run <= k_max - 2) & (prefix.gather(-1, run[..., None].clamp(max=k_max - 1))[..., 0] > 0)
+    rows, where = [], []
+    for row, t in enumerate(starts):
+        nodes, back = [], []
+        for k in need[row].nonzero()[:, 0].tolist():
+            m = int(run[row, k])
+            p = t - 1 + k
+            first = len(nodes)
+            for i in range(m + 1, k_max):                                         # d_i, asking for d_{i+1}
+                nodes.append((int(drafts[row, k, i - 1]), p + 1 + i, p + 1 + m, -1 if i == m + 1 else len(nodes) - 1,
+                              [int(drafts[row, k, i])]))
+                back.append((k, i))                                               # -> accept[k, i] (0-based i)
+            assert len(nodes) - first == k_max - 1 - m
+        rows.append(nodes)
+        where.append(back)
+    branches = Branches.from_rows(rows, 1, ids.device)
+    got = branch_probs(target, cache, width, branches, decoding, chunk_tokens)    # [B, Q, 1]
+    for row, back in enumerate(where):
+        if back:
+            ks = torch.tensor([k for k, _ in back], device=accept.device)
+            ii = torch.tensor([i for _, i in back], device=accept.device)
+            accept[row, ks, ii] = got[row, : len(back), 0].double().to(accept.device)
+    return chain_at_least(accept)
+
+
+def _gather_steps(preds: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """preds [K, P] (step j's draft at column q), cols [N, K] -> [N, K]: preds[i, cols[:, i]], -1 past the end."""
+    k, p = preds.shape
+    ok = cols < p
+    got = preds.gather(1, cols.clamp(max=p - 1).T).T
+    return torch.where(ok, got, torch.full_like(got, -1))
+
+
+def _padded(row: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    ok = idx < row.shape[0]
+    return torch.where(ok, row[idx.clamp(max=row.shape[0] - 1)], torch.full_like(idx, -1))
+
+
+
+@dataclass
+class _TreeRow:
+    """One row's pool and the p(child) it still needs (`tree_expectations`)."""
+    pools: object
+    on: torch.Tensor                     # [P, N] the node's path follows the continuation
+    selected: dict                       # (S, D) -> [P, N] bool
+    a: torch.Tensor                      # [P, N] float64: p(child) at its parent
+    back: list                           # (start, block, branch node index) to fill from the branch
+
+
+def tree_expectations(spec: Speculator, cache, width: int, logits: torch.Tensor, aux: torch.Tensor,
+                      ids: torch.Tensor, starts: list[int], lengths: list[int], max_steps: int, max_new: int,
+                      topk: int, shapes: list, decoding, chunk_tokens: int) -> list[tuple[dict, dict]]:
+    """Per row of a batch with trees: ({(S, D): (run lengths, off-top-1 flags)} along the continuation,
+    {(S, D): P(accepted depth >= d) [max_new, S] float64}), every shape from one all-starts expansion.
+
+    The pool's K children of a node are one aligned block of K (level 1: the root's), in rank order, which
+    is the verify tree's sibling order. A node's children are judged by p at that node: the row's own at
+    position p + 1 + depth while its path follows the continuation, else a branch node (all rows' branch
+    nodes in one `branch_probs`)."""
+    rows, nodes = [], []
+    for row, (t, length) in enumerate(zip(starts, lengths)):
+        state, row_nodes = _tree_row(spec, logits[row], aux[row: row + 1, : length - 1], ids[row, :length], t,
+                                     max_steps, max_new, topk, shapes, decoding)
+        rows.append(state)
+        nodes.append(row_nodes)
+    if any(nodes):
+        got = branch_probs(spec.target, cache, width, Branches.from_rows(nodes, topk, ids.device), decoding,
+                           chunk_tokens).double()
+        for row, state in enumerate(rows):
+            for i, b, j in state.back:
+                state.a[i, b * topk: (b + 1) * topk] = got[row, j].to(state.a.device)
+    out = []
+    for row, state in enumerate(rows):
+        nxt = ids[row, torch.arange(starts[row], starts[row] + max_new, device=ids.device)[:, None]
+                  + torch.arange(max_steps + 1, device=ids.device)]                          # [P, S+1]
+        runs = {}
+        for s, d in shapes:
+            r, off = tree_run_lengths(state.pools, nxt, s, topk, d)
+            runs[(s, d)] = (r.tolist(), off.tolist())
+        out.append((runs, _tree_at_least(state, topk, decoding)))
+    return out
+
+
+def _tree_row(spec: Speculator, logits: torch.Tensor, aux: torch.Tensor, ids: torch.Tensor, t: int,
+              max_steps: int, max_new: int, k: int, shapes: list, decoding) -> tuple[_TreeRow, list]:
+    """The pools of one row, p(child) read on the continuation, and the branch nodes it needs."""
+    device = ids.device
+    starts = torch.arange(t - 1, t - 1 + max_new, device=device)
+    pools = unroll_trees(spec.head, aux, spec.embed(ids[None, 1:]), spec.embed, starts, max_steps, k,
+                         spec.position_offset)
+    nxt = ids[starts[:, None] + 1 + torch.arange(max_steps + 1, device=device)]              # [P, S+1]
+    n = pool_size(max_steps, k)
+    tokens, depths, parents = pools.tokens[:, :n], pools.depths[:, :n], pools.parents[:, :n]
+    on = torch.zeros_like(tokens, dtype=torch.bool)
+    truth = nxt.gather(1, depths)
+    for level in range(1, max_steps + 1):                                  # parents before children
+        cols = (depths[0] == level).nonzero().flatten()
+        par = parents[:, cols]
+        on[:, cols] = (tokens[:, cols] == truth[:, cols]) & ((par < 0) | on.gather(1, par.clamp(min=0)))
+    selected = {}
+    for s, d in shapes:                                                   # best D-1 of the S-level pool
+        m = pool_size(s, k)
+        best = torch.sort(pools.scores[:, :m].double(), dim=-1, descending=True, stable=True).indices[:, : d - 1]
+        selected[(s, d)] = torch.zeros_like(on).scatter_(1, best, True)
+    used = torch.stack(list(selected.values())).any(0)
+    blocks = n // k
+    block_parent = parents[:, ::k]                                         # [P, N/K]: whose children block b is
+    state = _TreeRow(pools, on, selected, torch.zeros(tokens.shape, dtype=torch.float64, device=device), [])
+    seq_rows, seq_ask, seq_back, nodes, node_of = [], [], [], [], {}
+    p_list = starts.tolist()
+    for i, b in used.view(-1, blocks, k).any(-1).nonzero().tolist():
+        u = int(block_parent[i, b])
+        ask = tokens[i, b * k: (b + 1) * k].tolist()
+        if u < 0 or bool(on[i, u]):                                        # p at u: the row's own
+            seq_rows.append(p_list[i] + 1 + (0 if u < 0 else int(depths[i, u])))
+            seq_ask.append(ask)
+            seq_back.append((i, b))
+            continue
+        path = [u]                                                         # u and its ancestors off the continuation
+        while int(parents[i, path[-1]]) >= 0 and not bool(on[i, int(parents[i, path[-1]])]):
+            path.append(int(parents[i, path[-1]]))
+        anchor = int(parents[i, path[-1]])
+        end = p_list[i] + 1 + (0 if anchor < 0 else int(depths[i, anchor]))
+        for v in reversed(path):
+            if (i, v) not in node_of:
+                node_of[(i, v)] = len(nodes)
+                nodes.append([int(tokens[i, v]), p_list[i] + 1 + int(depths[i, v]), end,
+                              node_of.get((i, int(parents[i, v])), -1), []])
+        nodes[node_of[(i, u)]][4] = ask
+        state.back.append((i, b, node_of[(i, u)]))
+    if seq_rows:
+        got = probs_at(logits, torch.tensor(seq_ask, device=device), decoding,
+                       rows=torch.tensor(seq_rows, device=device)).double().to(device)
+        for (i, b), g in zip(seq_back, got):
+            state.a[i, b * k: (b + 1) * k] = g
+    return state, [tuple(x) for x in nodes]
+
+
+def _tree_at_least(state: _TreeRow, k: int, decoding) -> dict:
+    """{(S, D): P(accepted depth >= d) [P, S]} from p(child) at each parent, under the accept rule."""
+    tokens, depths, parents = (x[:, : state.a.shape[1]] for x in (state.pools.tokens, state.pools.depths,
+                                                                   state.pools.parents))
+    p, n = state.a.shape
+    out = {}
+    for (s, d), sel in state.selected.items():
+        valid = sel.view(p, n // k, k)
+        valid = valid & ~first_duplicates(tokens.view(p, n // k, k), valid)
+        acc = sibling_accept(state.a.view(p, n // k, k), valid, decoding).reshape(p, n)
+        reach = tree_reach(parents, acc) * valid.reshape(p, n)
+        out[(s, d)] = depth_at_least(reach, depths, s)
+    return out
