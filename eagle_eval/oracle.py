@@ -213,6 +213,10 @@ class Oracle:
     def decode(self, prompt: Prompt, check_lossless: bool = False) -> SampleRecord:
         from eagle_eval.workload.data import check_length
 
+        if not self.settings.decoding.greedy:     # branch sampling-loop: the sampling rules of the loop
+            raise ConfigError(f"--temperature {self.settings.decoding.temperature}: the loop samples only on the "
+                              "sampling-loop branch; `eagle-eval profile` and `ablate` take temperature > 0")
+
         r, max_new = self.resolved, self.settings.workload.max_new_tokens
         _, max_positions, extra, bound = self.limits()
         check_length(prompt, max_positions, extra, "the workload", bound)
@@ -294,9 +298,6 @@ def wire(settings: Settings, loaded: Loaded) -> Oracle:
     from eagle_eval.models.checks.sanity import load_findings
 
     spec_s, target, lh = settings.speculation, loaded.target, loaded.head
-    if not settings.decoding.greedy:
-        raise ConfigError(f"--temperature {settings.decoding.temperature}: sampling is not implemented yet "
-                          "(temperature 0 only)")
     num_draft_tokens, notes = resolve_speculative(spec_s.num_steps, spec_s.topk, spec_s.num_draft_tokens)
     notes = list(lh.key_notes) + notes
     head = lh.head

@@ -458,11 +458,14 @@ class LoopOptions(Group):
 class ProfileOptions(Group):
     """`profile`: every num_steps <= max_steps from one teacher-forced pass."""
     max_steps: int = opt(8, "Profile every num_steps from 1 to this (one target forward per prompt).")
-    responses: str | None = opt(None, "JSONL continuations (`output_ids` or `text`, by `id`), e.g. saved from a server "
-                                "at temperature 0; checked against the target's argmax.", input_path=True)
+    responses: str | None = opt(None, "JSONL continuations (`output_ids` or `text`, by `id`), e.g. saved from a server; "
+                                "at temperature 0 checked against the target's argmax, at temperature > 0 taken as "
+                                "they are.", input_path=True)
     batch_tokens: int = opt(16384, "Padded tokens per teacher-forced batch (bounds memory).")
     draft_tokens_grid: tuple[int, ...] | None = opt(None, "Trees: also profile these num_draft_tokens "
                                                     "(by_num_draft_tokens).", parse=lambda t: parse_ids(t, "--draft-tokens-grid"))
+    rollouts: int = opt(8, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: paths per start of the "
+                        "unbiased estimate of P(A >= i), i >= 2 (its variance is reported).")
 
     def profile_options(self) -> "ProfileOptions":
         """The ProfileOptions part (an AblateOptions is one too)."""
@@ -471,6 +474,7 @@ class ProfileOptions(Group):
     def validate(self):
         _at_least(self.max_steps, 1, "--max-steps")
         _at_least(self.batch_tokens, 1, "--batch-tokens")
+        _at_least(self.rollouts, 1, "--rollouts")
         if self.responses is not None and not Path(self.responses).is_file():
             raise ConfigError(f"--responses {self.responses}: not a file")
         for d in self.draft_tokens_grid or ():
@@ -489,6 +493,9 @@ class AblateOptions(ProfileOptions):
     server_target_ms: float | None = opt(None, "Your server's target decode step time (ms).")
     topk_grid: tuple[int, ...] | None = opt(None, "Tree widths to compare, e.g. 1,2,4 (1 = chain).",
                                             parse=lambda t: parse_ids(t, "--topk-grid"))
+    temperature_grid: tuple[float, ...] | None = opt(None, "Temperatures to compare, e.g. 0,0.6,1.0 (one profile per "
+                                                     "temperature, each with the base's other sampling settings).",
+                                                     parse=lambda t: parse_floats(t, "--temperature-grid"))
 
     def validate(self):
         super().validate()
@@ -500,6 +507,8 @@ class AblateOptions(ProfileOptions):
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         for k in self.topk_grid or ():
             _at_least(k, 1, "--topk-grid")
+        for t in self.temperature_grid or ():
+            _at_least(t, 0, "--temperature-grid")
 
 
 def parse_setting(name: str, text: str, groups=tuple(GROUPS.values())):

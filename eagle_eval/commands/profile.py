@@ -28,6 +28,7 @@ class ProfileResult:
     samples: list[SampleRecord]        # rows carry run_lengths and accepted_per_cycle_by_num_steps
     oracle: Oracle | None = None
     profiled: list = None              # speculative.profile.Profiled per prompt (continuations, run lengths)
+    per_start: list | None = None      # per_start.jsonl rows: P(A >= i) of every start (results/expectation.py)
 
 
 def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int) -> list[list[int]]:
@@ -70,6 +71,8 @@ def profile(settings: Settings, options: ProfileOptions = ProfileOptions(), prog
             folder.record_workload(workload_digests([p.prompt for p in result.profiled]), resume=False)
             folder.write_text("samples.jsonl", "".join(json.dumps(r.to_json()) + "\n" for r in result.samples))
             folder.write_json("profile.json", result.report)
+            if result.per_start is not None:
+                folder.write_text("per_start.jsonl", "".join(json.dumps(r) + "\n" for r in result.per_start))
             folder.finish()
         return result
     finally:
@@ -92,12 +95,17 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
                     workload: tuple[dict, list] = ({}, [])) -> ProfileResult:
     """The profile of `prompts` (first turns) with the oracle's settings. continuations: given responses
     (token ids per prompt, e.g. a server's), checked against the target's argmax; None = the target's own
-    greedy. workload: (what the workload resolved, its warnings), echoed in the report."""
+    greedy. workload: (what the workload resolved, its warnings), echoed in the report. At temperature > 0:
+    commands/profile_sampled.py (continuations sampled, or given ones taken as they are)."""
     from tqdm import tqdm
 
+    if not oracle.settings.decoding.greedy:
+        from eagle_eval.commands.profile_sampled import profile_prompts_sampled
+        return profile_prompts_sampled(oracle, prompts, options, continuations, progress, workload)
+
+    from eagle_eval.results.expectation import cycle_starts, per_start_rows
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
     from eagle_eval.speculative import profile as prof
-    from eagle_eval.speculative.tree import pool_size
     settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
     max_new, topk = settings.workload.max_new_tokens, r.topk
     spec, tok = oracle.speculator, oracle.tokenizer
@@ -108,10 +116,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
         conts = _extend(spec, prompts, [c[:need] for c in continuations], need, pad, options.batch_tokens)
     else:
         conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, options.batch_tokens)
-    # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
-    d_main = {s: min(r.num_draft_tokens, pool_size(s, topk) + 1) for s in range(1, k_max + 1)}
-    grid = [(s, d) for d in (options.draft_tokens_grid or ()) for s in range(1, k_max + 1)
-            if 2 <= d <= pool_size(s, topk) + 1]
+    d_main, grid = tree_shapes(r, options)
     tree = (topk, sorted(set(d_main.items()) | set(grid))) if topk > 1 else (1, None)
 
     def run_profile(indices, desc):
@@ -168,6 +173,12 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
         rec.extra["accepted_per_cycle_by_num_steps"] = {str(s): sims[s][i].accepted_per_cycle for s in sims}
         rec.extra["response_divergence"] = p.divergence
+    per_start = []
+    for p in profiled:                   # temperature 0: P(A >= i) of a start is 1 up to its run length, then 0
+        for s, d in (tree[1] or [(s, None) for s in range(1, k_max + 1)]):
+            runs = p.run_lengths if p.tree_runs is None else p.tree_runs[(s, d)][0]
+            n = cycle_starts(p.continuation, max_new, oracle.eos_ids)
+            per_start += per_start_rows(p.prompt.id, 0, [[float(i < x) for i in range(s)] for x in runs[:n]], s, d)
     resolved, notes = workload
     report = {"schema_version": 1, "config": {**settings.flat(), **options.as_dict(), **r.as_dict(), **resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
@@ -175,7 +186,18 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings + list(notes),
               "provenance": provenance(settings.decoding.seed)}
-    return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled)
+    return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled, per_start=per_start)
+
+
+def tree_shapes(r, options: ProfileOptions) -> tuple[dict, list]:
+    """Trees: ({S: D} the config's D, capped where the pool of S levels is smaller; [(S, D)] of the grid that fit)."""
+    from eagle_eval.speculative.tree import pool_size
+
+    k_max, topk = options.max_steps, r.topk
+    d_main = {s: min(r.num_draft_tokens, pool_size(s, topk) + 1) for s in range(1, k_max + 1)}
+    grid = [(s, d) for d in (options.draft_tokens_grid or ()) for s in range(1, k_max + 1)
+            if 2 <= d <= pool_size(s, topk) + 1]
+    return d_main, grid
 
 
 def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad: int,

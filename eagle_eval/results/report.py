@@ -265,7 +265,11 @@ def render_table(report: dict) -> str:
 
 
 def render_steps_table(profile_report: dict) -> str:
-    """One line per num_steps from a profile: tau and the per-position unconditional rates."""
+    """One line per num_steps from a profile: tau and the per-position unconditional rates (temperature > 0:
+    results/expectation.py `render_sampled_steps`)."""
+    if "sampling" in profile_report:
+        from eagle_eval.results.expectation import render_sampled_steps
+        return render_sampled_steps(profile_report)
     sections = sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0]))
     k = int(sections[-1][0])
     aux = profile_report["config"]["aux_layers"]
