@@ -464,6 +464,9 @@ class ProfileOptions(Group):
     batch_tokens: int = opt(16384, "Padded tokens per teacher-forced batch (bounds memory).")
     draft_tokens_grid: tuple[int, ...] | None = opt(None, "Trees: also profile these num_draft_tokens "
                                                     "(by_num_draft_tokens).", parse=lambda t: parse_ids(t, "--draft-tokens-grid"))
+    expectation_floor: float = opt(1e-6, "Temperature > 0, one-hot rules: a chain whose P(A >= i) falls below this is not "
+                                   "followed further off the continuation; its deeper P(A >= j) are set to 0, each too "
+                                   "low by less than the floor (0 = exact up to float rounding).")
     rollouts: int = opt(8, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: paths per start of the "
                         "unbiased estimate of P(A >= i), i >= 2 (its variance is reported).")
 
@@ -475,6 +478,8 @@ class ProfileOptions(Group):
         _at_least(self.max_steps, 1, "--max-steps")
         _at_least(self.batch_tokens, 1, "--batch-tokens")
         _at_least(self.rollouts, 1, "--rollouts")
+        if not 0 <= self.expectation_floor < 1:
+            raise ConfigError(f"--expectation-floor must be in [0, 1), got {self.expectation_floor}")
         if self.responses is not None and not Path(self.responses).is_file():
             raise ConfigError(f"--responses {self.responses}: not a file")
         for d in self.draft_tokens_grid or ():

@@ -84,7 +84,8 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
             got = profile_batch_rollouts(spec, items, [(seqs[j][0].id, seqs[j][1]) for j in batch], k_max, max_new,
                                          pad, dec, options.rollouts)
         else:
-            got = profile_batch_sampled(spec, items, k_max, max_new, pad, dec, topk, shapes)
+            got = profile_batch_sampled(spec, items, k_max, max_new, pad, dec, topk, shapes,
+                                        floor=options.expectation_floor)
         for j, res in zip(batch, got):
             profiled[j] = res
 
@@ -128,12 +129,14 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
     by_draft_tokens = {}
     for s, d in grid:
         by_draft_tokens.setdefault(str(d), {})[str(s)] = figures(s, d)[0]
-    per_start = []
+    per_start, cuts = [], []
     for (prompt, sample, _), p in zip(seqs, profiled):
+        n = cycle_starts(p.continuation, max_new, oracle.eos_ids)
+        cut = p.expected.cut[:n].tolist() if p.expected.cut is not None else None
+        cuts += [c for c in cut or [] if c > 0]
         for s, d in (shapes or [(s, None) for s in range(1, k_max + 1)]):
-            n = cycle_starts(p.continuation, max_new, oracle.eos_ids)
             var = p.expected.variance[:n].tolist() if sampled_drafts else None
-            per_start += per_start_rows(prompt.id, sample, at_least(p, s, d), s, d, var)
+            per_start += per_start_rows(prompt.id, sample, at_least(p, s, d), s, d, var, cut)
     for rec, p in zip(samples, [p for p in profiled]):
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
     resolved, notes = workload
@@ -145,6 +148,12 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
                                   if continuations is not None else
                                   "sampled from the target with these settings, seeded per (prompt, sample)"),
                 "rollouts": options.rollouts if sampled_drafts else None,
+                "expectation_floor": {"floor": options.expectation_floor, "chains_cut": len(cuts),
+                                      "largest_cut": max(cuts, default=0.0),
+                                      "definition": "a chain whose P(A >= i) fell below the floor was not followed "
+                                                    "further off the continuation: its deeper P(A >= j) are 0, each "
+                                                    "too low by less than `largest_cut` (per_start rows: `cut`)"}
+                if not sampled_drafts and topk == 1 else None,
                 "quantities": {**QUANTITIES,
                                "by_num_steps.summary": "realized along the sampled trajectories (one-hot rules): "
                                                        "the same counts as the greedy profile's, on these texts"}}

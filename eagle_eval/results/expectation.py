@@ -44,7 +44,7 @@ def ratio_interval(units: list[tuple[float, float]]) -> dict:
 
     >>> r = ratio_interval([(3.0, 2), (5.0, 2), (4.0, 2)])
     >>> r["value"], round(r["high"] - r["value"], 4)
-    (2.0, 0.4619)
+    (2.0, 0.5658)
     """
     total_y = sum(y for y, _ in units)
     total_n = sum(n for _, n in units)
@@ -88,9 +88,11 @@ def cycle_roots(accepted_per_cycle: list[int]) -> list[int]:
 
 
 def per_start_rows(prompt_id: str, sample: int, at_least: list[list[float]], num_steps: int,
-                   num_draft_tokens: int | None = None, variance: list[list[float]] | None = None) -> list[dict]:
+                   num_draft_tokens: int | None = None, variance: list[list[float]] | None = None,
+                   cut: list[float] | None = None) -> list[dict]:
     """The per_start.jsonl rows of one sequence for one num_steps (and tree size): at_least[k] = P(A >= i),
-    i = 1..>= num_steps, of start t = k + 1."""
+    i = 1..>= num_steps, of start t = k + 1; cut[k] > 0: the P(A >= i) below the floor where its chain was cut
+    (the P(A >= j) after it are 0, each too low by less than that)."""
     rows = []
     for k, probs in enumerate(at_least):
         p = [float(x) for x in probs[:num_steps]]
@@ -100,6 +102,8 @@ def per_start_rows(prompt_id: str, sample: int, at_least: list[list[float]], num
         row.update(expected_tokens_per_step=1.0 + sum(p), p_accept_at_least=p)
         if variance is not None:
             row["variance"] = [float(x) for x in variance[k][:num_steps]]
+        if cut is not None and cut[k] > 0:
+            row["cut"] = float(cut[k])
         rows.append(row)
     return rows
 
@@ -117,29 +121,35 @@ def summarize_expected(seqs: list[dict], num_steps: int) -> dict:
     return out
 
 
+def _column_sums(rows, s: int) -> list[float]:
+    """[sum over rows of row[i] for i < s]."""
+    out = [0.0] * s
+    for row in rows:
+        for i in range(s):
+            out[i] += row[i]
+    return out
+
+
 def _figures(seqs: list[dict], s: int) -> dict:
     by_prompt: dict[str, list[dict]] = {}
     for q in seqs:
         by_prompt.setdefault(q["id"], []).append(q)
-    groups = list(by_prompt.values())
-
-    def per_context(f) -> dict:
-        return ratio_interval([(sum(f(p) for q in g for p in q["at_least"]), sum(len(q["at_least"]) for q in g))
-                               for g in groups])
-
+    # per prompt (the unit): column sums of P(A >= i) over its starts, and the count of starts
+    units = [(_column_sums((p for q in g for p in q["at_least"]), s), sum(len(q["at_least"]) for q in g))
+             for g in by_prompt.values()]
     out = {"per_context": {
-        "starts": sum(len(q["at_least"]) for q in seqs),
-        "expected_tokens_per_step": per_context(lambda p: 1 + sum(p[:s])),
-        "per_position": [{"position": i + 1, "p_accept_at_least": per_context(lambda p, i=i: p[i])}
+        "starts": sum(n for _, n in units),
+        "expected_tokens_per_step": ratio_interval([(n + sum(c), n) for c, n in units]),
+        "per_position": [{"position": i + 1, "p_accept_at_least": ratio_interval([(c[i], n) for c, n in units])}
                          for i in range(s)]}}
     if any("variance" in q for q in seqs):
         n = out["per_context"]["starts"]
-        var = [sum(v[i] for q in seqs for v in q.get("variance", [])) for i in range(s)]
+        var = _column_sums((v for q in seqs for v in q.get("variance", [])), s)
         out["per_context"]["estimator_sd"] = {
             "expected_tokens_per_step": None if n == 0 else _sd_of_sum(seqs, s) / n,
             "per_position": [None if n == 0 else math.sqrt(max(v, 0.0)) / n for v in var]}
     if all("accepted" in q for q in seqs):
-        out.update(_along(groups, s))
+        out.update(_along(list(by_prompt.values()), s))
     return out
 
 
@@ -154,29 +164,30 @@ def _sd_of_sum(seqs: list[dict], s: int) -> float:
 
 
 def _along(groups: list[list[dict]], s: int) -> dict:
-    """Conditional expectation and realized acceptance over the cycles along the sequences."""
-    def over_cycles(f) -> dict:
-        units = []
-        for g in groups:
-            y = n = 0.0
-            for q in g:
-                for root, acc in zip(cycle_roots(q["accepted"]), q["accepted"]):
-                    y += f(q["at_least"][root] if root < len(q["at_least"]) else None, acc)
-                    n += 1
-            units.append((y, n))
-        return ratio_interval(units)
-
-    cycles = sum(len(q["accepted"]) for g in groups for q in g)
+    """Conditional expectation and realized acceptance over the cycles along the sequences (per prompt:
+    column sums over its cycles of P(A >= i | the cycle's context) and of 1[accepted >= i], cycles)."""
+    units = []
+    for g in groups:
+        expected, realized, cycles = [0.0] * s, [0.0] * s, 0
+        for q in g:
+            for root, acc in zip(cycle_roots(q["accepted"]), q["accepted"]):
+                p = q["at_least"][root]
+                for i in range(s):
+                    expected[i] += p[i]
+                for i in range(min(acc, s)):
+                    realized[i] += 1.0
+                cycles += 1
+        units.append((expected, realized, cycles))
     return {
         "along_trajectories": {
-            "cycles": cycles,
-            "expected_tokens_per_step": over_cycles(lambda p, a: 1 + sum(p[:s])),
-            "per_position": [{"position": i + 1, "p_accept_at_least": over_cycles(lambda p, a, i=i: p[i])}
+            "cycles": sum(n for *_, n in units),
+            "expected_tokens_per_step": ratio_interval([(n + sum(e), n) for e, _, n in units]),
+            "per_position": [{"position": i + 1, "p_accept_at_least": ratio_interval([(e[i], n) for e, _, n in units])}
                              for i in range(s)]},
         "sampled": {
-            "cycles": cycles,
-            "accept_length": over_cycles(lambda p, a: 1 + a),
-            "per_position": [{"position": i + 1, "unconditional_rate": over_cycles(lambda p, a, i=i: float(a > i))}
+            "cycles": sum(n for *_, n in units),
+            "accept_length": ratio_interval([(n + sum(r), n) for _, r, n in units]),
+            "per_position": [{"position": i + 1, "unconditional_rate": ratio_interval([(r[i], n) for _, r, n in units])}
                              for i in range(s)]},
     }
 

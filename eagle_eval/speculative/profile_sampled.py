@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle_eval.models.capture import FeatureCapture
-from eagle_eval.speculative.branches import Branches, branch_probs, probs_at
+from eagle_eval.speculative.branches import BranchCache, Branches, branch_probs, probs_at
 from eagle_eval.speculative.chain import Speculator
 from eagle_eval.speculative.draft import free_running, unroll_chains, unroll_trees
 from eagle_eval.speculative.expected import chain_at_least, depth_at_least, first_duplicates, sibling_accept, tree_reach
@@ -38,6 +38,8 @@ class Expected:
     chain: torch.Tensor | None = None       # [max_new, max_steps] float64: P(A >= i) of the chain, i = 1..max_steps
     trees: dict | None = None               # {(S, D): [max_new, S] float64}: P(accepted depth >= d)
     variance: torch.Tensor | None = None    # [max_new, max_steps]: the estimate's variance (sampled drafts only)
+    cut: torch.Tensor | None = None         # [max_new]: P(A >= i) where the chain was cut (< floor; 0 = not cut)
+    branch_nodes: int = 0                   # target tokens run off the continuation for this sequence
 
 
 class SampleNext:
@@ -112,22 +114,22 @@ def teacher_forced(spec: Speculator, items: list, pad_id: int) -> _Pass:
 @torch.no_grad()
 def profile_batch_sampled(spec: Speculator, items: list, max_steps: int, max_new_tokens: int, pad_id: int,
                           decoding, topk: int = 1, tree_shapes: list | None = None,
-                          chunk_tokens: int = 4096) -> list[Profiled]:
+                          chunk_tokens: int = 4096, floor: float = 0.0) -> list[Profiled]:
     """`profile.profile_batch` at temperature > 0 (a one-hot rule): the same pass, plus `Profiled.expected`.
-    items: (prompt, continuation of max_new_tokens + max_steps tokens)."""
+    items: (prompt, continuation of max_new_tokens + max_steps tokens); floor: `chain_expectations`'."""
     tf = teacher_forced(spec, items, pad_id)
     results = [Profiled(prompt=p, continuation=c, run_lengths=[]) for p, c in items]
     if topk == 1:
         steps = unroll_chains(spec.head, tf.aux[:, :-1], spec.embed(tf.ids[:, 1:]), max_steps, spec.position_offset,
                               argmax_only=True, feed=free_running(spec.head, spec.embed))
         preds = torch.stack(steps, dim=1)                                            # [B, K, W-1]
-        chain = chain_expectations(spec.target, tf.cache, tf.width, tf.logits, preds, tf.ids, tf.starts, tf.lengths,
-                                   max_steps, max_new_tokens, decoding, chunk_tokens)
+        chain, cut, nodes = chain_expectations(spec.target, tf.cache, tf.width, tf.logits, preds, tf.ids, tf.starts,
+                                               tf.lengths, max_steps, max_new_tokens, decoding, chunk_tokens, floor)
         for row, res in enumerate(results):
             t, n = tf.starts[row], tf.lengths[row]
             r = run_lengths_from_predictions(preds[row, :, : n - 1], tf.ids[row, :n])
             res.run_lengths = r[t - 1: t - 1 + max_new_tokens].tolist()
-            res.expected = Expected(chain=chain[row])
+            res.expected = Expected(chain=chain[row], cut=cut[row], branch_nodes=int(nodes[row]))
         return results
     trees = tree_expectations(spec, tf.cache, tf.width, tf.logits, tf.aux, tf.ids, tf.starts, tf.lengths, max_steps,
                               max_new_tokens, topk, tree_shapes, decoding, chunk_tokens)
@@ -152,56 +154,76 @@ def profile_batch_rollouts(spec: Speculator, items: list, keys: list, max_steps:
 
 def chain_expectations(target, cache, width: int, logits: torch.Tensor, preds: torch.Tensor, ids: torch.Tensor,
                        starts: list[int], lengths: list[int], k_max: int, max_new: int, decoding,
-                       chunk_tokens: int) -> torch.Tensor:
-    """P(A >= i) [B, max_new, K] float64 of the chain from each start (the loop's drafts preds [B, K, W-1]).
+                       chunk_tokens: int, floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(P(A >= i) [B, max_new, K] float64 of the chain from each start, the P(A >= i) at which each start's
+    chain was cut [B, max_new] (0 = not cut), branch nodes run per row [B]), the drafts being the loop's
+    (preds [B, K, W-1]).
 
     Start k of row b: start pair p = T_b - 1 + k, root at p + 1, draft i = preds[b, i-1, p+i-1] at position
     p + 1 + i. p_i(d_i) is the row's own at position p + i while d_1..d_{i-1} follow the continuation (the
-    first m drafts do, m = the run length), else a branch over the cache."""
+    first m drafts do, m = the run length); past it the chain runs as branch nodes over the cache, one level
+    (one more draft per chain) per forward, each chain only while its P(A >= i) so far is > 0 and >= floor
+    (below it, the deeper P(A >= j) are left 0: each too low by less than the floor)."""
     b = preds.shape[0]
-    k_idx = torch.arange(max_new, device=preds.device)
-    i_idx = torch.arange(1, k_max + 1, device=preds.device)
-    drafts = torch.full((b, max_new, k_max), -1, dtype=torch.long, device=preds.device)   # d_i of start k
-    truth = torch.full_like(drafts, -1)                                           # the continuation there
-    on = torch.zeros(b, max_new, k_max, dtype=torch.float64, device=preds.device)
-    span = max_new + k_max - 1                                                   # positions T .. T + span - 1
+    device = preds.device
+    k_idx = torch.arange(max_new, device=device)
+    i_idx = torch.arange(1, k_max + 1, device=device)
+    drafts = torch.full((b, max_new, k_max), -1, dtype=torch.long, device=device)   # d_i of start k
+    truth = torch.full_like(drafts, -1)                                             # the continuation there
+    on = torch.zeros(b, max_new, k_max, dtype=torch.float64, device=device)
+    span = max_new + k_max - 1                                                     # positions T .. T + span - 1
     for row, t in enumerate(starts):
-        cols = (t - 1 + k_idx[:, None] + i_idx[None] - 1)                          # [max_new, K]: p + i - 1
-        drafts[row] = _gather_steps(preds[row], cols)
+        drafts[row] = _gather_steps(preds[row], t - 1 + k_idx[:, None] + i_idx[None] - 1)   # column p + i - 1
         # the row's own p at positions T .. T + span - 1, read at the drafts ending there: position c holds
         # p_i of start k = c - T - i + 1 for every i, whose draft d_i is preds[i-1, c-1]
-        asked = preds[row, :, t - 1: t - 1 + span].T                               # [span, K]
-        got = probs_at(logits[row, t: t + span], asked, decoding).double().to(preds.device)   # [span, K]
+        asked = preds[row, :, t - 1: t - 1 + span].T                                 # [span, K]
+        got = probs_at(logits[row, t: t + span], asked, decoding).double().to(device)   # [span, K]
         on[row] = got[k_idx[:, None] + i_idx[None] - 1, i_idx[None].expand(max_new, -1) - 1]
         truth[row] = _padded(ids[row, : lengths[row]], t + k_idx[:, None] + i_idx[None])       # x at p + 1 + i
-    run = (drafts == truth).long().cumprod(-1).sum(-1)                              # [B, max_new]: m
-    accept = on.clone()
-    off = i_idx[None, None] > run[..., None] + 1                                  # p_i off the continuation
-    accept[off] = 0.0
-    prefix = chain_at_least(torch.where(off, torch.ones_like(on), on))            # product of the on-part
-    need = (run <= k_max - 2) & (prefix.gather(-1, run[..., None].clamp(max=k_max - 1))[..., 0] > 0)
-    rows, where = [], []
-    for row, t in enumerate(starts):
-        nodes, back = [], []
-        for k in need[row].nonzero()[:, 0].tolist():
-            m = int(run[row, k])
-            p = t - 1 + k
-            first = len(nodes)
-            for i in range(m + 1, k_max):                                         # d_i, asking for d_{i+1}
-                nodes.append((int(drafts[row, k, i - 1]), p + 1 + i, p + 1 + m, -1 if i == m + 1 else len(nodes) - 1,
-                              [int(drafts[row, k, i])]))
-                back.append((k, i))                                               # -> accept[k, i] (0-based i)
-            assert len(nodes) - first == k_max - 1 - m
-        rows.append(nodes)
-        where.append(back)
-    branches = Branches.from_rows(rows, 1, ids.device)
-    got = branch_probs(target, cache, width, branches, decoding, chunk_tokens)    # [B, Q, 1]
-    for row, back in enumerate(where):
-        if back:
-            ks = torch.tensor([k for k, _ in back], device=accept.device)
-            ii = torch.tensor([i for _, i in back], device=accept.device)
-            accept[row, ks, ii] = got[row, : len(back), 0].double().to(accept.device)
-    return chain_at_least(accept)
+    run = (drafts == truth).long().cumprod(-1).sum(-1)                                # [B, max_new]: m
+    off = i_idx[None, None] > run[..., None] + 1                                    # p_i off the continuation
+    accept = torch.where(off, torch.zeros_like(on), on)
+    prefix = chain_at_least(torch.where(off, torch.ones_like(on), on)).gather(
+        -1, run[..., None].clamp(max=k_max - 1))[..., 0]                            # P(A >= m + 1)
+    level_of = run.clone()                                                       # drafts known on the chain
+    alive = (run <= k_max - 2) & (prefix > 0) & (prefix >= floor)
+    cut = torch.where((run <= k_max - 2) & (prefix > 0) & ~alive, prefix, torch.zeros_like(prefix))
+    pairs = torch.tensor(starts, device=device)[:, None] - 1 + k_idx[None]            # [B, P] start pair p
+    last = torch.full((b, max_new), -1, dtype=torch.long, device=device)           # column of the chain's node
+    nodes = torch.zeros(b, dtype=torch.long, device=device)
+    extended = BranchCache(target, cache, width)
+    try:
+        while bool(alive.any()):
+            counts = alive.sum(1)
+            q = int(counts.max())
+            sel = torch.sort((~alive).long(), dim=1, stable=True).indices[:, :q]       # [B, q] alive starts first
+            valid = torch.arange(q, device=device)[None] < counts[:, None]
+            nodes += counts
+            m, i = run.gather(1, sel), level_of.gather(1, sel) + 1                      # next draft d_i, 1-based
+            p = pairs.gather(1, sel)
+            tok = drafts.gather(1, sel[..., None].expand(-1, -1, k_max))              # [B, q, K]
+            i = torch.where(valid, i, torch.ones_like(i))                              # padding: any index
+            node = tok.gather(2, (i - 1)[..., None])[..., 0]
+            ask = tok.gather(2, i[..., None])                                          # d_{i+1}
+            branches = Branches(tokens=torch.where(valid, node, 0), positions=torch.where(valid, p + 1 + i, 0),
+                                context_end=torch.where(valid, p + 1 + m, -1),
+                                parents=torch.where(valid, last.gather(1, sel), -1),
+                                asked=torch.where(valid[..., None], ask, -1))
+            got, where = extended.probs(branches, decoding, chunk_tokens, local_parents=False)
+            got = got[..., 0].double()                                                 # [B, q]
+            rows, cols = valid.nonzero(as_tuple=True)
+            ks, ii = sel[rows, cols], i[rows, cols]
+            accept[rows, ks, ii] = got[rows, cols]                                     # p_{i+1}(d_{i+1})
+            prefix[rows, ks] = prefix[rows, ks] * got[rows, cols]
+            last[rows, ks] = where[rows, cols]
+            level_of[rows, ks] = ii
+            more = torch.zeros_like(alive)
+            more[rows, ks] = (ii + 1 <= k_max - 1) & (prefix[rows, ks] > 0)
+            cut[rows, ks] = torch.where(more[rows, ks] & (prefix[rows, ks] < floor), prefix[rows, ks], cut[rows, ks])
+            alive = more & (prefix >= floor)
+    finally:
+        extended.close()
+    return chain_at_least(accept), cut, nodes
 
 
 def _gather_steps(preds: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle_eval.models.target import Target
+from eagle_eval.speculative.branches import BranchCache
 from eagle_eval.speculative.draft import unroll_chains
 from eagle_eval.speculative.sampling import draft_probs, prompt_generator, target_probs
 
@@ -40,6 +40,7 @@ class _Rollout:
         self.spec, self.cache, self.width, self.logits, self.ids = spec, cache, width, logits, ids
         self.starts, self.max_new, self.k_max, self.decoding = starts, max_new, k_max, decoding
         self.generators, self.m, self.chunk_tokens = generators, m, chunk_tokens
+        self.extended = BranchCache(spec.target, cache, width)
         b = ids.shape[0]
         device = ids.device
         head = spec.head
@@ -75,31 +76,16 @@ class _Rollout:
 
     def _target_step(self, j: int) -> torch.Tensor:
         """Append x_{j-1} of every (rollout, start) at position p + j, attending to the sequence up to the
-        root (p + 1) and to its own x_1..x_{j-2} (appended by the earlier steps, same column order)."""
-        b, m, p = self.pairs.shape[0], self.m, self.max_new
-        target, dtype, q = self.spec.target, self.spec.target.model.dtype, self.q_cols
-        tokens = self.x.reshape(b, q)
-        positions = (self.pairs + j)[:, None].expand(b, m, p).reshape(b, q)
-        ends = (self.pairs + 1)[:, None].expand(b, m, p).reshape(b, q)
-        before = Target.cache_len(self.cache)                                # width + (j - 2) * q
-        width = max(1, self.chunk_tokens // max(b, 1))
-        seq_pos = torch.arange(self.width, device=tokens.device)
+        root (p + 1) and to its own x_1..x_{j-2} (the previous step's node of the same column)."""
+        b, m, p, q = self.pairs.shape[0], self.m, self.max_new, self.q_cols
+        cols = torch.arange(q, device=self.ids.device)[None].expand(b, q)
+        parents = (self.extended.appended - q + cols) if j > 2 else torch.full_like(cols, -1)
         out = []
-        for lo in range(0, q, width):
-            hi = min(q, lo + width)
-            n = hi - lo
-            seq = seq_pos[None, None] <= ends[:, lo:hi, None]                          # [B, n, W]
-            own = torch.zeros(b, n, before - self.width + hi, dtype=torch.bool, device=tokens.device)
-            col = torch.arange(lo, hi, device=tokens.device)
-            for step in range(j - 2):                                                  # x_1 .. x_{j-2}
-                own[:, torch.arange(n), step * q + col] = True
-            own[:, torch.arange(n), before - self.width + col] = True                  # itself
-            allowed = torch.cat([seq, own], dim=-1)
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
-            logits = target.forward(tokens[:, lo:hi], self.cache, position_ids=positions[:, lo:hi],
-                                    attention_mask=mask, upcast=False)                 # [B, n, V]
-            out.append(target_probs(logits, self.decoding).to(tokens.device))
+        self.extended.run(torch.arange(b, device=self.ids.device), self.x.reshape(b, q),
+                          (self.pairs + j)[:, None].expand(b, m, p).reshape(b, q),
+                          (self.pairs + 1)[:, None].expand(b, m, p).reshape(b, q), parents,
+                          lambda lo, hi, logits: out.append(target_probs(logits, self.decoding).to(self.ids.device)),
+                          self.chunk_tokens)
         return torch.cat(out, dim=1).view(b, m, p, -1)
 
 
@@ -119,7 +105,7 @@ def rollout_expectations(spec, cache, width: int, logits: torch.Tensor, aux: tor
         unroll_chains(spec.head, aux[:, :-1].repeat_interleave(m, 0), spec.embed(ids[:, 1:]).repeat_interleave(m, 0),
                       k_max + 1, spec.position_offset, argmax_only=True, feed=feed)
     finally:
-        Target.rollback(cache, width)
+        feed.extended.close()
     paths = feed.alpha.cumprod(-1)                                                   # [B, M, P, K]
     estimate = paths.mean(1)
     variance = paths.var(1, unbiased=True) / m if m > 1 else torch.full_like(estimate, float("nan"))
