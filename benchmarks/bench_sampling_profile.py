@@ -67,7 +67,8 @@ def run(oracle, prompts, args) -> dict:
     key = str(args.max_steps)
     return {
         "prompts": len(prompts), "max_new_tokens": oracle.settings.workload.max_new_tokens,
-        "max_steps": args.max_steps, "expectation_floor": args.expectation_floor, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+        "max_steps": args.max_steps, "expectation_floor": args.expectation_floor, "temperature": args.temperature,
+        "top_p": args.top_p, "top_k": args.top_k,
         "accept_rule": sampled.settings.decoding.accept_rule, "reps": args.reps,
         "greedy_s": t_greedy, "sampled_s": t_sampled, "ratio_with_generation": t_sampled / t_greedy,
         "greedy_responses_s": t_greedy_r, "sampled_responses_s": t_sampled_r,

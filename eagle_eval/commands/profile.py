@@ -10,25 +10,16 @@ options)` is the command: it reads the workload and a --responses file and owns 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from eagle_eval.commands.folder import open_folder
+from eagle_eval.commands.profiled import ProfileResult, record_of, tree_shapes  # noqa: F401  (ProfileResult: api)
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
-from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
+from eagle_eval.results.records import Prompt, read_jsonl
 from eagle_eval.results.resume import workload_digests
 from eagle_eval.settings import ProfileOptions, Settings
-
-
-@dataclass
-class ProfileResult:
-    report: dict                       # holds by_num_steps {"1": {summary, per_position, histogram}, ...}
-    samples: list[SampleRecord]        # rows carry run_lengths and accepted_per_cycle_by_num_steps
-    oracle: Oracle | None = None
-    profiled: list = None              # speculative.profile.Profiled per prompt (continuations, run lengths)
-    per_start: list | None = None      # per_start.jsonl rows: P(A >= i) of every start (results/expectation.py)
 
 
 def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int) -> list[list[int]]:
@@ -157,7 +148,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     by_steps = {}
     s_run = min(r.num_steps, k_max)
     for s, decoded in sims.items():
-        recs = [_record(p, d) for p, d in zip(profiled, decoded)]
+        recs = [record_of(p, d) for p, d in zip(profiled, decoded)]
         by_steps[str(s)] = summarize(recs, s)
         if r.train_acc and topk == 1:
             by_steps[str(s)]["training_prediction"] = training_prediction(r.train_acc, by_steps[str(s)], s)
@@ -167,7 +158,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
             samples = recs
     by_draft_tokens = {}
     for s, d in grid:
-        recs = [_record(p, simulate(p, s, d)) for p in profiled]
+        recs = [record_of(p, simulate(p, s, d)) for p in profiled]
         by_draft_tokens.setdefault(str(d), {})[str(s)] = summarize(recs, s)
     for i, (rec, p) in enumerate(zip(samples, profiled)):
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
@@ -189,17 +180,6 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled, per_start=per_start)
 
 
-def tree_shapes(r, options: ProfileOptions) -> tuple[dict, list]:
-    """Trees: ({S: D} the config's D, capped where the pool of S levels is smaller; [(S, D)] of the grid that fit)."""
-    from eagle_eval.speculative.tree import pool_size
-
-    k_max, topk = options.max_steps, r.topk
-    d_main = {s: min(r.num_draft_tokens, pool_size(s, topk) + 1) for s in range(1, k_max + 1)}
-    grid = [(s, d) for d in (options.draft_tokens_grid or ()) for s in range(1, k_max + 1)
-            if 2 <= d <= pool_size(s, topk) + 1]
-    return d_main, grid
-
-
 def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad: int,
             batch_tokens: int) -> list[list[int]]:
     """Extend continuations greedily to `need` tokens, in batches (responses stop at max_new_tokens
@@ -215,12 +195,3 @@ def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad:
         for i, m in zip(short, more):
             out[i] = (conts[i] + m)[:need]
     return out
-
-
-def _record(p, d) -> SampleRecord:
-    rec = SampleRecord(id=p.prompt.id, category=p.prompt.category, prompt_len=len(p.prompt.input_ids),
-                       output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
-                       emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
-    if p.tree_runs is not None:
-        rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
-    return rec

@@ -59,7 +59,7 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
                             workload: tuple[dict, list] = ({}, [])):
     from tqdm import tqdm
 
-    from eagle_eval.commands.profile import ProfileResult, _record, tree_shapes
+    from eagle_eval.commands.profiled import ProfileResult, record_of, tree_shapes
     from eagle_eval.results.expectation import QUANTITIES, cycle_starts, per_start_rows, summarize_expected
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize
     from eagle_eval.speculative import profile as prof
@@ -110,7 +110,7 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
                 n = len(unit["at_least"])
                 unit["variance"] = p.expected.variance[:n, :s].tolist()
             else:
-                rec = _record(p, simulate(p, s, d))
+                rec = record_of(p, simulate(p, s, d))
                 rec.extra["sample"] = sample
                 recs.append(rec)
                 unit["accepted"] = rec.accepted_per_cycle
@@ -121,9 +121,10 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
             section["num_draft_tokens"] = d or d_main[s]
         return section, recs
 
-    by_steps, samples, s_run = {}, [], min(r.num_steps, k_max)
+    by_steps, samples, s_run, cycles = {}, [], min(r.num_steps, k_max), {}
     for s in range(1, k_max + 1):
         by_steps[str(s)], recs = figures(s)
+        cycles[str(s)] = [rec.accepted_per_cycle for rec in recs]
         if s == s_run:
             samples = recs
     by_draft_tokens = {}
@@ -137,8 +138,9 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
         for s, d in (shapes or [(s, None) for s in range(1, k_max + 1)]):
             var = p.expected.variance[:n].tolist() if sampled_drafts else None
             per_start += per_start_rows(prompt.id, sample, at_least(p, s, d), s, d, var, cut)
-    for rec, p in zip(samples, [p for p in profiled]):
+    for i, (rec, p) in enumerate(zip(samples, profiled)):
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
+        rec.extra["accepted_per_cycle_by_num_steps"] = {s: c[i] for s, c in cycles.items()}
     resolved, notes = workload
     sampling = {**{k: getattr(dec, k) for k in ("temperature", "top_k", "top_p", "min_p", "accept_rule",
                                                  "accept_threshold_single", "accept_threshold_acc", "seed")},
