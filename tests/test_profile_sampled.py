@@ -458,3 +458,20 @@ def test_ablate_takes_temperature_as_one_more_axis(oracle):
         assert r["speedup_model"] == pytest.approx(speedup(u, 0.1, 1.0), abs=1e-12)
         assert r["tau_sampled"] == hot.report["by_num_steps"][str(r["num_steps"])]["summary"]["accept_length"]
     assert swept["config"]["temperature_grid"] == [0.0, 1.2]
+
+
+@pytest.mark.slow
+def test_sampling_benchmark_runs_its_gpu_code_tiny_on_the_cpu(tmp_path):
+    """benchmarks/bench_sampling_profile.py --random tiny: the --random 8b path (random weights, the ratios
+    measured side by side), at tiny shapes; the sampled profile reads the same with its own continuations given."""
+    import subprocess
+    import sys
+
+    from eagle_eval.settings import REPO_ROOT
+
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_sampling_profile.py"), "--random", "tiny",
+           "--prompts", "3", "--max-new-tokens", "10", "--max-steps", "4", "--reps", "1", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    result = json.loads((tmp_path / "bench_sampling_profile.json").read_text())
+    assert result["same_with_responses"] is True and result["ratio_with_generation"] > 0
+    assert 0 < result["branch_tokens"] <= result["prompts"] * 10 * 3          # at most max_steps - 1 per start
