@@ -192,11 +192,11 @@ def _layers(cache):
 
 
 def _rows_cache(target: Target, cache, rows: torch.Tensor):
-    """A new cache holding copies of `rows` of `cache` (every layer's keys and values)."""
+    """A new cache holding copies of `rows` of `cache` (every layer's keys and values, through the cache's
+    public `update`)."""
     sub = target.new_cache()
-    for src, dst in zip(_layers(cache), sub.layers):
-        dst.lazy_initialization(src.keys, src.values)
-        dst.keys, dst.values = src.keys.index_select(0, rows), src.values.index_select(0, rows)
+    for i, layer in enumerate(_layers(cache)):
+        sub.update(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), i)
     return sub
 
 

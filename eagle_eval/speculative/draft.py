@@ -134,7 +134,7 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
     Step j's query at position q attends to the real pairs 0..q-j and to the speculative entries of
     steps 1..j of its own chain (at positions q-j+1..q), exactly as the j-th step of the loop does.
 
-    `feed(j, logits)`: the token embeddings [B, T, H] of step j >= 1 from step j-1's float logits [B, T, V_d]
+    `feed(j, logits)`: the token embeddings [B, T, H] of step j >= 1 from step j-1's logits [B, T, V_d] (head dtype)
     (`free_running` feeds each chain its own previous draft, as the loop does past a wrong draft);
     None = teacher-forced on the true tokens (what counts for a greedy run length is the same).
     """
@@ -179,7 +179,7 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
         step = head.lm(out)
         logits.append(head.to_target_ids(step.argmax(-1)) if argmax_only else step.float())
         if feed is not None and j + 1 < num_steps:
-            token_embeds = feed(j + 1, step.float())
+            token_embeds = feed(j + 1, step)
     return logits
 
 
