@@ -314,6 +314,10 @@ def render_ablation(result: dict) -> str:
         extra = (f", {v['best_num_steps_server']} with server step times" if v.get("best_num_steps_server") else "")
         lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup "
                      f"{v['best_speedup_model']:.3f}){extra}")
+    sampled = sorted({r["rates"] for r in result["rows"] if r.get("temperature")})
+    if sampled:
+        lines.append(f"rows at temperature > 0: tau and speedup from the expectation ({', '.join(sampled)}; "
+                     "docs/sampling.md), tau_sampled in ablation.csv is the accept length realized along the samples")
     b = result["best"]
     lines.append(f"best overall: {b['variant']} num_steps={b['num_steps']} topk={b['topk']} "
                  f"num_draft_tokens={b['num_draft_tokens']} (modelled speedup {b['speedup_model']:.3f})")
