@@ -78,7 +78,9 @@ class _Profile:
 
         spec, dec, k_max, opts = self.oracle.speculator, self.oracle.settings.decoding, self.options.max_steps, \
             self.options
-        batches = list(prof._batches([p.input_ids + c for p, _, c in self.seqs], 0, opts.batch_tokens))
+        # rollouts multiply the drafting rows: the batch budget is shared among them
+        budget = max(1, opts.batch_tokens // opts.rollouts) if self.sampled_drafts else opts.batch_tokens
+        batches = list(prof._batches([p.input_ids + c for p, _, c in self.seqs], 0, budget))
         for batch in tqdm(batches, desc="profile", unit="batch", disable=not progress):
             items = [(self.seqs[j][0], self.seqs[j][2]) for j in batch]
             if self.sampled_drafts:

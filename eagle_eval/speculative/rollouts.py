@@ -53,40 +53,52 @@ class _Rollout:
         self.base = ids[:, 1:].repeat_interleave(m, 0)                      # [B*M, W-1] true tokens (x_{q+1})
 
     def __call__(self, j: int, draft_logits: torch.Tensor) -> torch.Tensor:
-        b, m, p = self.pairs.shape[0], self.m, self.max_new
-        cols = (self.pairs + j - 1).repeat_interleave(m, 0)                 # [B*M, P]: chains' step j-1 column
-        z = draft_logits.gather(1, cols[..., None].expand(-1, -1, draft_logits.shape[-1]))       # [B*M, P, V_d]
-        q = draft_probs(z, self.decoding).view(b, m, p, -1)
-        u = torch.stack([torch.rand(m, p, generator=g, dtype=torch.float64) for g in self.generators])
-        if j == 1:
-            rows = self.pairs + 1                                            # the root's row: p_1
-            probs = torch.stack([target_probs(self.logits[i, rows[i]], self.decoding) for i in range(b)])
-            probs = probs[:, None].expand(b, m, p, -1)
+        """Step j: alpha_j for every (rollout, start), x_j drawn (j < K); the embeddings of draft step j."""
+        b, m, p, q = self.pairs.shape[0], self.m, self.max_new, self.q_cols
+        u = torch.stack([torch.rand(m, p, generator=g, dtype=torch.float64) for g in self.generators]).view(b, q)
+        alpha = torch.zeros(b, q, dtype=torch.float64, device=self.ids.device)
+        x = torch.zeros(b, q, dtype=torch.long, device=self.ids.device)
+
+        def consume(lo: int, hi: int, probs: torch.Tensor) -> None:
+            """probs [B, n, V]: p_j of the columns lo..hi (column c = rollout * P + start)."""
+            col = torch.arange(lo, hi, device=self.ids.device)
+            rows = torch.arange(b, device=col.device)[:, None] * m + (col // p)[None]        # draft rows [B, n]
+            z = draft_logits[rows, self.pairs[:, col % p] + j - 1]                       # q_j's logits [B, n, V_d]
+            w = torch.minimum(probs.gather(-1, self.vocab.expand(b, hi - lo, -1)), draft_probs(z, self.decoding))
+            alpha[:, lo:hi] = w.sum(-1).double()
+            if j < self.k_max:                                               # the last alpha needs no draw
+                pick = _sample(w.reshape(-1, w.shape[-1]), u[:, lo:hi].reshape(-1)).view(b, hi - lo)
+                x[:, lo:hi] = self.vocab[pick]
+
+        if j == 1:                                                           # p_1: the pass's row at the root
+            width = max(1, self.chunk_tokens // max(b, 1))
+            for lo in range(0, q, width):
+                col = torch.arange(lo, min(q, lo + width), device=self.ids.device)
+                roots = self.pairs[:, col % p] + 1                                           # [B, n]
+                logits = self.logits[torch.arange(b, device=col.device)[:, None], roots]
+                consume(lo, lo + len(col), target_probs(logits, self.decoding).to(self.ids.device))
         else:
-            probs = self._target_step(j)                                     # [B, M, P, V] after x_{j-1}
-        w = torch.minimum(probs.gather(-1, self.vocab.expand(b, m, p, -1)), q)   # [B, M, P, V_d]
-        self.alpha[..., j - 1] = w.sum(-1).double()
-        if j == self.k_max:                                                 # the last alpha needs no draw
+            self._target_step(j, consume)
+        self.alpha[..., j - 1] = alpha.view(b, m, p)
+        if j == self.k_max:
             return self.spec.embed(self.base)
-        pick = _sample(w.reshape(-1, w.shape[-1]), u.reshape(-1)).view(b, m, p)
-        self.x = self.vocab[pick]                                           # target ids [B, M, P]
+        self.x = x.view(b, m, p)                                             # target ids
         tokens = self.base.clone()
         tokens.scatter_(1, (self.pairs + j).repeat_interleave(m, 0), self.x.reshape(b * m, p))   # step j at p + j
         return self.spec.embed(tokens)
 
-    def _target_step(self, j: int) -> torch.Tensor:
+    def _target_step(self, j: int, consume) -> None:
         """Append x_{j-1} of every (rollout, start) at position p + j, attending to the sequence up to the
-        root (p + 1) and to its own x_1..x_{j-2} (the previous step's node of the same column)."""
+        root (p + 1) and to its own x_1..x_{j-2} (the previous step's node of the same column); p_j of each
+        chunk of columns goes to consume(lo, hi, probs [B, n, V])."""
         b, m, p, q = self.pairs.shape[0], self.m, self.max_new, self.q_cols
         cols = torch.arange(q, device=self.ids.device)[None].expand(b, q)
         parents = (self.extended.appended - q + cols) if j > 2 else torch.full_like(cols, -1)
-        out = []
         self.extended.run(torch.arange(b, device=self.ids.device), self.x.reshape(b, q),
                           (self.pairs + j)[:, None].expand(b, m, p).reshape(b, q),
                           (self.pairs + 1)[:, None].expand(b, m, p).reshape(b, q), parents,
-                          lambda lo, hi, logits: out.append(target_probs(logits, self.decoding).to(self.ids.device)),
+                          lambda lo, hi, logits: consume(lo, hi, target_probs(logits, self.decoding).to(self.ids.device)),
                           self.chunk_tokens)
-        return torch.cat(out, dim=1).view(b, m, p, -1)
 
 
 @torch.no_grad()
