@@ -268,7 +268,7 @@ def _profile(kw: dict) -> None:
     result, caught = call(profile, settings, options, interrupted=_unfinished(out))
     echo(render_steps_table(result.report) + _load_findings_text(result.report), caught)
     if out:
-        click.echo(f"\nwrote {out}/profile.json and {out}/samples.jsonl")
+        click.echo(f"\nwrote {out}/profile.json, {out}/samples.jsonl and {out}/per_start.jsonl")
 
 
 def _ablate(kw: dict) -> None:

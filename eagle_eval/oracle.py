@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 

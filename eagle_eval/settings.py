@@ -474,11 +474,17 @@ class LoopOptions(Group):
 class ProfileOptions(Group):
     """`profile`: every num_steps <= max_steps from one teacher-forced pass."""
     max_steps: int = opt(8, "Profile every num_steps from 1 to this (one target forward per prompt).")
-    responses: str | None = opt(None, "JSONL continuations (`output_ids` or `text`, by `id`), e.g. saved from a server "
-                                "at temperature 0; checked against the target's argmax.", input_path=True)
+    responses: str | None = opt(None, "JSONL continuations (`output_ids` or `text`, by `id`), e.g. saved from a server; "
+                                "at temperature 0 checked against the target's argmax, at temperature > 0 taken as "
+                                "they are.", input_path=True)
     batch_tokens: int = opt(16384, "Padded tokens per teacher-forced batch (bounds memory).")
     draft_tokens_grid: tuple[int, ...] | None = opt(None, "Trees: also profile these num_draft_tokens "
                                                     "(by_num_draft_tokens).", parse=lambda t: parse_ids(t, "--draft-tokens-grid"))
+    expectation_floor: float = opt(1e-6, "Temperature > 0, one-hot rules: a chain whose P(A >= i) falls below this is not "
+                                   "followed further off the continuation; its deeper P(A >= j) are set to 0, each too "
+                                   "low by less than the floor (0 = exact up to float rounding).")
+    rollouts: int = opt(8, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: paths per start of the "
+                        "unbiased estimate of P(A >= i), i >= 2 (its variance is reported).")
 
     def profile_options(self) -> "ProfileOptions":
         """The ProfileOptions part (an AblateOptions is one too)."""
@@ -487,6 +493,9 @@ class ProfileOptions(Group):
     def validate(self):
         at_least(self.max_steps, 1, "--max-steps")
         at_least(self.batch_tokens, 1, "--batch-tokens")
+        at_least(self.rollouts, 1, "--rollouts")
+        if not 0 <= self.expectation_floor < 1:
+            raise ConfigError(f"--expectation-floor must be in [0, 1), got {self.expectation_floor}")
         if self.responses is not None and not Path(self.responses).is_file():
             raise ConfigError(f"--responses {self.responses}: not a file")
         for d in self.draft_tokens_grid or ():
@@ -505,6 +514,9 @@ class AblateOptions(ProfileOptions):
     server_target_ms: float | None = opt(None, "Your server's target decode step time (ms).")
     topk_grid: tuple[int, ...] | None = opt(None, "Tree widths to compare, e.g. 1,2,4 (1 = chain).",
                                             parse=lambda t: parse_ids(t, "--topk-grid"))
+    temperature_grid: tuple[float, ...] | None = opt(None, "Temperatures to compare, e.g. 0,0.6,1.0 (one profile per "
+                                                     "temperature, each with the base's other sampling settings).",
+                                                     parse=lambda t: parse_floats(t, "--temperature-grid"))
 
     def validate(self):
         super().validate()
@@ -516,6 +528,8 @@ class AblateOptions(ProfileOptions):
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         for k in self.topk_grid or ():
             at_least(k, 1, "--topk-grid")
+        for t in self.temperature_grid or ():
+            at_least(t, 0, "--temperature-grid")
 
 
 def parse_setting(name: str, text: str, groups=tuple(GROUPS.values())):

@@ -18,6 +18,7 @@ from eagle_eval.oracle import load_oracle
 from eagle_eval import parallel
 from eagle_eval.results.acceptance import speedup
 from eagle_eval.results.advice import advise, settings_from_rows
+from eagle_eval.results.expectation import section_rates
 from eagle_eval.results.plot import plot_ablation
 from eagle_eval.results.tables import write_rows_csv
 from eagle_eval.settings import FIELD_GROUP, AblateOptions, ConfigError, Settings, parse_setting
@@ -77,17 +78,20 @@ def measure_costs(oracle, verify_sizes, progress: bool = False) -> tuple[Costs, 
 
 
 def variant_rows(name: str, by_num_steps: dict, costs: Costs, server: Costs | None, topk: int = 1,
-                 num_draft_tokens: int | None = None) -> list[dict]:
-    """One row per num_steps; chains verify S+1 tokens, trees num_draft_tokens (given, or the section's)."""
+                 num_draft_tokens: int | None = None, temperature: float = 0.0) -> list[dict]:
+    """One row per num_steps; chains verify S+1 tokens, trees num_draft_tokens (given, or the section's). At
+    temperature > 0, tau and u_i are the expectation (results/expectation.py `section_rates` says which one, in
+    `rates`), tau_sampled the accept length realized along the sampled continuations."""
     rows = []
     for s, section in sorted(by_num_steps.items(), key=lambda kv: int(kv[0])):
         k = int(s)
         d = num_draft_tokens or section.get("num_draft_tokens") or k + 1
-        u = [p["unconditional_rate"] or 0.0 for p in section["per_position"]]
-        a = [p["conditional_rate"] for p in section["per_position"]]
-        row = {"variant": name, "num_steps": k, "topk": topk, "num_draft_tokens": d,
-               "tau": section["summary"]["accept_length"],
-               "cycles": section["summary"]["cycles"], "accepted_drafts": section["summary"]["accepted_drafts"],
+        rates = section_rates(section)
+        u, a, summary = rates["u"], rates["a"], section.get("summary") or {}
+        row = {"variant": name, "num_steps": k, "topk": topk, "num_draft_tokens": d, "temperature": temperature,
+               "tau": rates["tau"], "rates": rates["source"],
+               "tau_sampled": summary.get("accept_length") if temperature > 0 else None,
+               "cycles": summary.get("cycles"), "accepted_drafts": summary.get("accepted_drafts"),
                "speedup_model": speedup(u, costs.cost_ratio, costs.r(d))}
         if server is not None:
             row["speedup_server"] = speedup(u, server.cost_ratio, server.r(d))
@@ -149,37 +153,40 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
     server = Costs(server_ms[0] / server_ms[1], {}, "server step times (r = 1)") if server_ms else None
     base_oracle = load_oracle(base)
     base_oracle.refuse_load_errors()
+    temps = list(options.temperature_grid or [None])
     rows, sections, costs, timing = [], [], None, None
-    for name, overrides in named:
-        for k in topks:
-            d_main = None if k == 1 else max(d for d in (grid or (spec.num_draft_tokens,))
-                                             if d <= pool_size(k_max, k) + 1)
-            oracle = base_oracle.with_(**overrides, topk=k, num_draft_tokens=d_main)
-            res = profile_oracle(oracle, replace_grid(options, grid if k > 1 else None), progress=progress)
-            if costs is None:
-                if options.cost_ratio is not None:
-                    costs, timing = Costs(options.cost_ratio, {}, "given (--cost-ratio; r = 1)"), None
-                else:                      # timed on rank 0 alone, the others waiting: one clock for every row
-                    costs, timing = parallel.current().from_main(lambda: measure_costs(oracle, sizes))
-            label = name if len(topks) == 1 else f"{name} topk={k}"
-            shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
-                      if k > 1 and grid else {None: res.report["by_num_steps"]})
-            for d, by_steps in shapes.items():
-                mine = variant_rows(label if d is None else f"{label} D={d}", by_steps, costs, server, k,
-                                    int(d) if d else None)
-                rows += mine
-                best = best_row(mine)
-                sections.append({"variant": mine[0]["variant"], "overrides": {
-                    kk: list(v) if isinstance(v, tuple) else v for kk, v in overrides.items()},
-                    "topk": k, "num_draft_tokens": int(d) if d else None,
-                    "aux_layers": res.report["config"]["aux_layers"],
-                    "best_num_steps": best["num_steps"], "best_speedup_model": best["speedup_model"],
-                    "best_num_steps_server": best_row(mine, "speedup_server")["num_steps"] if server else None,
-                    "advice": advise(settings_from_rows(mine), timings_of(timing, options)).as_dict(),
-                    "sanity": res.report["config"]["sanity"], "by_num_steps": by_steps})
+    for name, overrides, k, temp in [(n, o, k, t) for n, o in named for k in topks for t in temps]:
+        d_main = None if k == 1 else max(d for d in (grid or (spec.num_draft_tokens,))
+                                         if d <= pool_size(k_max, k) + 1)
+        at = {} if temp is None else {"temperature": temp}           # one profile (one pass) per temperature
+        oracle = base_oracle.with_(**overrides, topk=k, num_draft_tokens=d_main, **at)
+        res = profile_oracle(oracle, replace_grid(options, grid if k > 1 else None), progress=progress)
+        if costs is None:
+            if options.cost_ratio is not None:
+                costs, timing = Costs(options.cost_ratio, {}, "given (--cost-ratio; r = 1)"), None
+            else:                          # timed on rank 0 alone, the others waiting: one clock for every row
+                costs, timing = parallel.current().from_main(lambda: measure_costs(oracle, sizes))
+        label = (name if len(topks) == 1 else f"{name} topk={k}") + ("" if temp is None else f" T={temp:g}")
+        temperature = oracle.settings.decoding.temperature
+        shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
+                  if k > 1 and grid else {None: res.report["by_num_steps"]})
+        for d, by_steps in shapes.items():
+            mine = variant_rows(label if d is None else f"{label} D={d}", by_steps, costs, server, k,
+                                int(d) if d else None, temperature)
+            rows += mine
+            best = best_row(mine)
+            sections.append({"variant": mine[0]["variant"], "overrides": {
+                kk: list(v) if isinstance(v, tuple) else v for kk, v in overrides.items()},
+                "topk": k, "num_draft_tokens": int(d) if d else None, "temperature": temperature,
+                "aux_layers": res.report["config"]["aux_layers"],
+                "best_num_steps": best["num_steps"], "best_speedup_model": best["speedup_model"],
+                "best_num_steps_server": best_row(mine, "speedup_server")["num_steps"] if server else None,
+                "advice": advise(settings_from_rows(mine), timings_of(timing, options)).as_dict(),
+                "sanity": res.report["config"]["sanity"], "by_num_steps": by_steps})
     overall = best_row(rows)
     result = {"schema_version": 1,
-              "config": {**settings.flat(), **options.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid)},
+              "config": {**settings.flat(), **options.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid),
+                         "temperature_grid": [t for t in temps if t is not None]},
               "costs": {"cost_ratio": costs.cost_ratio,
                         "verify_ratio": {str(n): v for n, v in costs.verify_ratio.items()},
                         "source": costs.source, "times_ms": costs.times_ms,

@@ -10,25 +10,17 @@ options)` is the command: it reads the workload and a --responses file and owns 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from eagle_eval.commands.folder import agree_on_loaded, open_folder
+from eagle_eval.commands.profiled import ProfileResult, record_of, tree_shapes  # noqa: F401  (ProfileResult: api)
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
 from eagle_eval import parallel
-from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
+from eagle_eval.results.records import Prompt, read_jsonl
 from eagle_eval.results.resume import workload_digests
-from eagle_eval.settings import ConfigError, ProfileOptions, Settings
-
-
-@dataclass
-class ProfileResult:
-    report: dict                       # holds by_num_steps {"1": {summary, per_position, histogram}, ...}
-    samples: list[SampleRecord]        # rows carry run_lengths and accepted_per_cycle_by_num_steps
-    oracle: Oracle | None = None
-    profiled: list = None              # speculative.profile.Profiled per prompt (continuations, run lengths)
+from eagle_eval.settings import ProfileOptions, Settings
 
 
 def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int) -> list[list[int]]:
@@ -71,6 +63,8 @@ def profile(settings: Settings, options: ProfileOptions = ProfileOptions(), prog
             folder.record_workload(workload_digests([p.prompt for p in result.profiled]), resume=False)
             folder.write_text("samples.jsonl", "".join(json.dumps(r.to_json()) + "\n" for r in result.samples))
             folder.write_json("profile.json", result.report)
+            if result.per_start is not None:
+                folder.write_text("per_start.jsonl", "".join(json.dumps(r) + "\n" for r in result.per_start))
             folder.finish()
         return result
     finally:
@@ -95,23 +89,22 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     """The profile of `prompts` (first turns) with the oracle's settings. continuations: given responses
     (token ids per prompt, e.g. a server's), checked against the target's argmax; None = the target's own
     greedy. workload: (what the workload resolved, its warnings), echoed in the report. In a launched run the
-    prompts are split between the processes and every rank returns the same result."""
+    prompts are split between the processes and every rank returns the same result. At temperature > 0:
+    commands/profile_sampled.py (continuations sampled, or given ones taken as they are)."""
+    if not oracle.settings.decoding.greedy:
+        from eagle_eval.commands.profile_sampled import profile_prompts_sampled
+        return profile_prompts_sampled(oracle, prompts, options, continuations, progress, workload)
+
+    from eagle_eval.results.expectation import cycle_starts, per_start_rows
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
     from eagle_eval.speculative import profile as prof
-    from eagle_eval.speculative.tree import pool_size
     settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
-    if not settings.decoding.greedy:
-        raise ConfigError(f"--temperature {settings.decoding.temperature}: the profile at temperature > 0 is not "
-                          "built yet (temperature 0 only); `eagle-eval run --temperature T` samples")
     max_new, topk = settings.workload.max_new_tokens, r.topk
-    spec, tok = oracle.speculator, oracle.tokenizer
+    tok = oracle.tokenizer
     need = max_new + k_max
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
     given = continuations is not None
-    # trees: the config's D (capped where the pool of S levels is smaller) and any grid D that fits
-    d_main = {s: min(r.num_draft_tokens, pool_size(s, topk) + 1) for s in range(1, k_max + 1)}
-    grid = [(s, d) for d in (options.draft_tokens_grid or ()) for s in range(1, k_max + 1)
-            if 2 <= d <= pool_size(s, topk) + 1]
+    d_main, grid = tree_shapes(r, options)
     tree = (topk, sorted(set(d_main.items()) | set(grid))) if topk > 1 else (1, None)
     group = parallel.current()           # in a launched run: the prompts split, the profiles all-gathered
     items = list(zip(prompts, continuations if given else [None] * len(prompts)))
@@ -133,7 +126,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     by_steps = {}
     s_run = min(r.num_steps, k_max)
     for s, decoded in sims.items():
-        recs = [_record(p, d) for p, d in zip(profiled, decoded)]
+        recs = [record_of(p, d) for p, d in zip(profiled, decoded)]
         by_steps[str(s)] = summarize(recs, s)
         if r.train_acc and topk == 1:
             by_steps[str(s)]["training_prediction"] = training_prediction(r.train_acc, by_steps[str(s)], s)
@@ -143,12 +136,18 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
             samples = recs
     by_draft_tokens = {}
     for s, d in grid:
-        recs = [_record(p, simulate(p, s, d)) for p in profiled]
+        recs = [record_of(p, simulate(p, s, d)) for p in profiled]
         by_draft_tokens.setdefault(str(d), {})[str(s)] = summarize(recs, s)
     for i, (rec, p) in enumerate(zip(samples, profiled)):
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
         rec.extra["accepted_per_cycle_by_num_steps"] = {str(s): sims[s][i].accepted_per_cycle for s in sims}
         rec.extra["response_divergence"] = p.divergence
+    per_start = []
+    for p in profiled:                   # temperature 0: P(A >= i) of a start is 1 up to its run length, then 0
+        for s, d in (tree[1] or [(s, None) for s in range(1, k_max + 1)]):
+            runs = p.run_lengths if p.tree_runs is None else p.tree_runs[(s, d)][0]
+            n = cycle_starts(p.continuation, max_new, oracle.eos_ids)
+            per_start += per_start_rows(p.prompt.id, 0, [[float(i < x) for i in range(s)] for x in runs[:n]], s, d)
     resolved, notes = workload
     report = {"schema_version": 1, "config": {**settings.flat(), **options.as_dict(), **r.as_dict(), **resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
@@ -156,7 +155,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings + list(notes),
               "provenance": provenance(settings.decoding.seed)}
-    return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled)
+    return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled, per_start=per_start)
 
 
 def _profiled(oracle: Oracle, items: list[tuple[Prompt, list[int] | None]], options: ProfileOptions, need: int,
@@ -217,12 +216,3 @@ def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad:
         for i, m in zip(short, more):
             out[i] = (conts[i] + m)[:need]
     return out
-
-
-def _record(p, d) -> SampleRecord:
-    rec = SampleRecord(id=p.prompt.id, category=p.prompt.category, prompt_len=len(p.prompt.input_ids),
-                       output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,
-                       emitted_per_cycle=d.emitted_per_cycle, verify_count=len(d.accepted_per_cycle))
-    if p.tree_runs is not None:
-        rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
-    return rec

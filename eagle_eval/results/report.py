@@ -312,7 +312,11 @@ def render_table(report: dict) -> str:
 
 
 def render_steps_table(profile_report: dict) -> str:
-    """One line per num_steps from a profile: tau and the per-position unconditional rates."""
+    """One line per num_steps from a profile: tau and the per-position unconditional rates (temperature > 0:
+    results/expectation.py `render_sampled_steps`)."""
+    if "sampling" in profile_report:
+        from eagle_eval.results.expectation import render_sampled_steps
+        return render_sampled_steps(profile_report)
     sections = sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0]))
     k = int(sections[-1][0])
     aux = profile_report["config"]["aux_layers"]
@@ -359,6 +363,10 @@ def render_ablation(result: dict) -> str:
                      f"{v['best_speedup_model']:.3f}){extra}")
         if v.get("advice"):                    # results/advice.py: decided from repeated timings
             lines.append(f"  advice: {v['advice']['message']}")
+    sampled = sorted({r["rates"] for r in result["rows"] if r.get("temperature")})
+    if sampled:
+        lines.append(f"rows at temperature > 0: tau and speedup from the expectation ({', '.join(sampled)}; "
+                     "docs/sampling.md), tau_sampled in ablation.csv is the accept length realized along the samples")
     advice = result.get("advice")
     if advice:
         lines.append(f"overall: {advice['message']}")

@@ -123,7 +123,8 @@ class DraftState:
 
 
 def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
-                  num_steps: int, position_offset: int = 0, argmax_only: bool = False) -> list[torch.Tensor]:
+                  num_steps: int, position_offset: int = 0, argmax_only: bool = False,
+                  feed: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Run the draft chain from EVERY start pair at once (the training-time-test attention pattern).
 
     aux [B, T, k*H_t]: target features of x_0..x_{T-1}; token_embeds [B, T, H]: embeddings of
@@ -135,6 +136,10 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
 
     Step j's query at position q attends to the real pairs 0..q-j and to the speculative entries of
     steps 1..j of its own chain (at positions q-j+1..q), exactly as the j-th step of the loop does.
+
+    `feed(j, logits)`: the token embeddings [B, T, H] of step j >= 1 from step j-1's logits [B, T, V_d] (head dtype)
+    (`free_running` feeds each chain its own previous draft, as the loop does past a wrong draft);
+    None = teacher-forced on the true tokens (what counts for a greedy run length is the same).
     """
     attn = head.attention
     b, t, _ = token_embeds.shape
@@ -176,7 +181,18 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
         out = head.finish(residual, ctx)
         step = head.lm(out)
         logits.append(head.to_target_ids(step.argmax(-1)) if argmax_only else step.float())
+        if feed is not None and j + 1 < num_steps:
+            token_embeds = feed(j + 1, step)
     return logits
+
+
+def free_running(head: DraftHead, embed: EmbedFn) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """A `feed` for `unroll_chains`: step j at position q takes the draft of step j-1 at q - 1, i.e. the chain
+    started at q - j continues from its own argmax draft (the loop's chain, right or wrong)."""
+    def feed(j: int, logits: torch.Tensor) -> torch.Tensor:
+        drafted = head.to_target_ids(logits.argmax(-1))                                # [B, T]
+        return embed(torch.cat([drafted[:, :1], drafted[:, :-1]], dim=1))           # column 0: never a chain
+    return feed
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -35,6 +35,7 @@ class Profiled:
     run_lengths: list[int]           # r[k]: correct drafts in a row from the root x_{T+k}, k < max_new
     divergence: dict | None = None   # where given responses departed from the target's argmax
     tree_runs: dict | None = None    # trees: {(S, D): (run lengths, off-top-1 flags)} for the given K
+    expected: object = None          # temperature > 0: profile_sampled.Expected (P(A >= i) of every start)
 
 
 def simulate_cycles(run_lengths: list[int], continuation: list[int], num_steps: int, max_new_tokens: int,
@@ -108,11 +109,14 @@ def tree_run_lengths(pools: TreePools, next_tokens: torch.Tensor, num_steps: int
 
 @torch.no_grad()
 def greedy_continuations(spec: Speculator, prompts: list[list[int]], num_tokens: int, pad_id: int,
-                         batch_tokens: int, progress: Callable[[int], None] | None = None) -> list[list[int]]:
+                         batch_tokens: int, progress: Callable[[int], None] | None = None,
+                         choose=None) -> list[list[int]]:
     """Greedy continuations of `num_tokens` tokens, NOT stopped at EOS, in left-padded batches
     (explicit position ids and attention mask, so padding never changes a row's tokens).
     progress(n): called with the tokens each decode step generated (len(prompts) * num_tokens in all),
-    for the caller's bar."""
+    for the caller's bar. choose(logits [B, V], prompt indices of the rows) -> next ids [B]: another rule than
+    the argmax (profile_sampled.SampleNext)."""
+    pick = choose or (lambda logits, rows: logits.argmax(-1).cpu())
     target = spec.target
     out = [None] * len(prompts)
     for batch in batches(prompts, num_tokens, batch_tokens):
@@ -124,7 +128,7 @@ def greedy_continuations(spec: Speculator, prompts: list[list[int]], num_tokens:
             mask[row, width - len(prompts[i]):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = target.new_cache()
-        nxt = target.forward(ids, cache, position_ids=pos, attention_mask=mask)[:, -1].argmax(-1).cpu()
+        nxt = pick(target.forward(ids, cache, position_ids=pos, attention_mask=mask)[:, -1], batch)
         tokens = [nxt]
         if progress is not None:
             progress(len(batch))
@@ -132,7 +136,7 @@ def greedy_continuations(spec: Speculator, prompts: list[list[int]], num_tokens:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = pos[:, -1:] + 1
             logits = target.forward(nxt[:, None], cache, position_ids=pos, attention_mask=mask)
-            nxt = logits[:, -1].argmax(-1).cpu()
+            nxt = pick(logits[:, -1], batch)
             tokens.append(nxt)
             if progress is not None:
                 progress(len(batch))

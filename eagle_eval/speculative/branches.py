@@ -1,0 +1,238 @@
+"""The target off the teacher-forced sequence: its processed probabilities after draft tokens the
+continuation does not hold, from the KV cache of the one teacher-forced pass.
+
+Contract: at temperature > 0 the expectation of a cycle needs p_i after the committed sequence plus
+d_1..d_{i-1} (EAGLE3.md section 8). Where the drafts follow the continuation, that is the teacher-forced
+pass's own row (`probs_at`); where they leave it, `branch_probs` runs the left drafts as extra query
+tokens over the pass's cache: each one attends to the sequence up to its `context_end` and to its own
+branch ancestors, at the position it would have in the loop (tree attention, the mask of
+`Target.tree_mask` generalised to a batch), and returns p(token) for the tokens asked at it. The cache
+is rolled back to the sequence afterwards. Probabilities are `sampling.target_probs` (the accept
+rule's engine order), read for the requested tokens only, a bounded number of rows at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eagle_eval.models.target import Target, TargetError
+from eagle_eval.speculative.sampling import target_probs
+
+PROB_ELEMENTS = 1 << 25          # logits entries turned into probabilities at once (memory bound)
+
+
+def probs_at(logits: torch.Tensor, tokens: torch.Tensor, decoding, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [L, V] (any float dtype), tokens [N, M] (target ids, -1 = nothing asked) -> [N, M] float32:
+    p(token) with p = target_probs(logits[rows[n]]) (rows [N]; default: row n), 0 where nothing was asked.
+    A bounded number of rows is turned into probabilities at a time."""
+    v = logits.shape[-1]
+    n = tokens.shape[0]
+    out = torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device)
+    if n == 0 or tokens.numel() == 0:
+        return out
+    tokens = tokens.to(logits.device)
+    step = max(1, PROB_ELEMENTS // v)
+    for i in range(0, n, step):
+        ask = tokens[i: i + step]
+        asked = ask >= 0
+        if not bool(asked.any()):
+            continue
+        block = logits[i: i + step] if rows is None else logits[rows[i: i + step].to(logits.device)]
+        out[i: i + step] = target_probs(block, decoding).gather(-1, ask.clamp(min=0)) * asked
+    return out
+
+
+@dataclass
+class Branches:
+    """Query tokens off the sequence, per row of the batch (padded to Q; `parents` before children).
+
+    tokens, positions, context_end, parents [B, Q]; asked [B, Q, M]. A node attends to the sequence
+    positions 0..context_end and to its ancestors in this row's list (parents: index in the list, -1 = it
+    hangs from the sequence). Padding: context_end = -1 (nothing asked there)."""
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    context_end: torch.Tensor
+    parents: torch.Tensor
+    asked: torch.Tensor
+
+    @classmethod
+    def from_rows(cls, rows: list[list[tuple]], asked_width: int, device) -> "Branches":
+        """rows[b] = [(token, position, context_end, parent, [asked tokens]), ...]."""
+        q = max([len(r) for r in rows] + [0])
+        pad = (0, 0, -1, -1, [])
+        cols = list(zip(*[row + [pad] * (q - len(row)) for row in rows])) if q else []
+        if not cols:
+            empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)
+            return cls(empty, empty, empty, empty, torch.zeros(len(rows), 0, asked_width, dtype=torch.long,
+                                                              device=device))
+        fields = [[[node[f] for node in col] for col in cols] for f in range(4)]             # [f][Q][B]
+        tokens, positions, context_end, parents = (torch.tensor(x, dtype=torch.long, device=device).T for x in fields)
+        asked = torch.tensor([[node[4] + [-1] * (asked_width - len(node[4])) for node in col] for col in cols],
+                             dtype=torch.long, device=device).transpose(0, 1)
+        return cls(tokens, positions, context_end, parents, asked)
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[1]
+
+
+GROUP_OVERHEAD_TOKENS = 128     # what one more forward costs, in padded query tokens (row grouping)
+
+
+class BranchCache:
+    """The pass's KV cache of B rows, extended by branch nodes call after call: a node attends to the
+    sequence positions 0..context_end of its row and to its ancestors among the nodes appended so far (an
+    earlier call's or its own call's). `close()` rolls the cache back to the sequence. Padding nodes:
+    context_end -1 (they attend to position 0). Each call runs the rows that have nodes in groups of similar
+    counts (padding is what a group's longest row sets), each group on a copy of its rows' cache whose new
+    entries are then written back (the other rows get masked-out entries there)."""
+
+    def __init__(self, target: Target, cache, seq_len: int):
+        if Target.cache_len(cache) != seq_len:
+            raise RuntimeError(f"BranchCache: the cache holds {Target.cache_len(cache)} positions, not {seq_len}")
+        self.target, self.cache, self.seq_len = target, cache, seq_len
+        self.batch = cache.layers[0].keys.shape[0]
+        self.parents: torch.Tensor | None = None                       # [B, appended] global parent columns
+
+    @property
+    def appended(self) -> int:
+        return 0 if self.parents is None else self.parents.shape[1]
+
+    def run(self, rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, context_end: torch.Tensor,
+            parents: torch.Tensor, consume, chunk_tokens: int = 4096) -> int:
+        """Append nodes [R, n] to `rows` [R] (parents: global columns, -1 = none), in chunks of columns:
+        consume(lo, hi, logits [R, hi - lo, V]) per chunk. Returns the global column of the first node."""
+        r, n = tokens.shape
+        first = self.appended
+        whole = r == self.batch and bool((rows == torch.arange(r, device=rows.device)).all())
+        cache = self.cache if whole else _rows_cache(self.target, self.cache, rows)
+        grown = torch.full((self.batch, n), -1, dtype=torch.long, device=parents.device)
+        grown[rows] = parents
+        self.parents = grown if self.parents is None else torch.cat([self.parents, grown], dim=1)
+        mine = self.parents[rows]                                                       # [R, appended]
+        width = max(1, chunk_tokens // max(r, 1))
+        seq_pos = torch.arange(self.seq_len, device=tokens.device)
+        dtype = self.target.model.dtype
+        for lo in range(0, n, width):
+            hi = min(n, lo + width)
+            own = _ancestor_rows(mine[:, : first + hi], first + lo, first + hi)          # [R, c, first + hi]
+            ends = context_end[:, lo:hi]
+            seq = seq_pos[None, None, :] <= ends[..., None]                              # [R, c, W]
+            seq[..., 0] |= ends < 0
+            allowed = torch.cat([seq, own], dim=-1)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]          # [R, 1, c, W + first + hi]
+            consume(lo, hi, self.target.forward(tokens[:, lo:hi], cache, position_ids=positions[:, lo:hi],
+                                                attention_mask=mask, upcast=False))
+        if not whole:
+            _write_back(self.cache, cache, rows, n)
+        return first
+
+    def probs(self, branches: Branches, decoding, chunk_tokens: int = 4096,
+              local_parents: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `branches` -> (p(asked) [B, Q, M], the global column of each node [B, Q]). Each row's real
+        nodes come first; parents: indices in this call's list of the row (local_parents), else global
+        columns of earlier calls."""
+        counts = (branches.context_end >= 0).sum(1)
+        out = torch.zeros(branches.asked.shape, dtype=torch.float32, device=branches.asked.device)
+        cols = torch.full(branches.tokens.shape, -1, dtype=torch.long, device=branches.tokens.device)
+        for rows, q in _groups(counts.tolist()):
+            rows = torch.tensor(rows, device=branches.tokens.device)
+            base = self.appended
+            parents = branches.parents[rows, :q]
+            if local_parents:
+                parents = torch.where(parents >= 0, parents + base, parents)
+            asked = branches.asked[rows, :q]
+
+            def consume(lo, hi, logits, rows=rows, asked=asked):
+                a = asked[:, lo:hi]
+                got = probs_at(logits.reshape(-1, logits.shape[-1]), a.reshape(-1, a.shape[-1]), decoding)
+                out[rows, lo:hi] = got.reshape(a.shape).to(out.device)
+            self.run(rows, branches.tokens[rows, :q], branches.positions[rows, :q], branches.context_end[rows, :q],
+                     parents, consume, chunk_tokens)
+            cols[rows, :q] = base + torch.arange(q, device=cols.device)
+        return out, cols
+
+    def close(self) -> None:
+        Target.rollback(self.cache, self.seq_len)
+
+
+def _groups(counts: list[int]) -> list[tuple[list[int], int]]:
+    """Rows with nodes grouped to bound padding: [(rows, their longest count)], contiguous runs of the rows
+    sorted by count, minimising sum(rows * longest) + GROUP_OVERHEAD_TOKENS per group (exact DP).
+
+    >>> _groups([300, 0, 2, 290, 1]), _groups([30, 0, 2, 29, 1])
+    ([([0, 3], 300), ([2, 4], 2)], [([0, 2, 3, 4], 30)])
+    """
+    order = sorted((i for i, c in enumerate(counts) if c > 0), key=lambda i: -counts[i])
+    n = len(order)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):                    # best[j]: cost of the first j rows; group = order[i:j]
+        for i in range(j):
+            cost = best[i] + (j - i) * counts[order[i]] + GROUP_OVERHEAD_TOKENS
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], n
+    while j > 0:
+        i = cut[j]
+        out.append((sorted(order[i:j]), counts[order[i]]))
+        j = i
+    return out[::-1]
+
+
+def _layers(cache):
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise TargetError("the profile at temperature > 0 runs drafts off the continuation on the target's KV "
+                              "cache and needs full-attention KV layers; this target has sliding-window layers: "
+                              "profile it at temperature 0")
+        yield layer
+
+
+def _rows_cache(target: Target, cache, rows: torch.Tensor):
+    """A new cache holding copies of `rows` of `cache` (every layer's keys and values, through the cache's
+    public `update`)."""
+    sub = target.new_cache()
+    for i, layer in enumerate(_layers(cache)):
+        sub.update(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), i)
+    return sub
+
+
+def _write_back(cache, sub, rows: torch.Tensor, n: int) -> None:
+    """Append the last n entries of `sub` (rows `rows`) to every layer of `cache`; other rows get zeros."""
+    for full, part in zip(_layers(cache), sub.layers):
+        for name in ("keys", "values"):
+            old, new = getattr(full, name), getattr(part, name)[..., -n:, :]
+            grown = torch.zeros(*old.shape[:-2], n, old.shape[-1], dtype=old.dtype, device=old.device)
+            grown[rows] = new
+            setattr(full, name, torch.cat([old, grown], dim=-2))
+
+
+def _ancestor_rows(parents: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """[B, hi - lo, hi] bool: node lo + i may attend to node j (j is lo + i or one of its ancestors; parents
+    [B, >= hi] global columns, -1 = none)."""
+    b = parents.shape[0]
+    cur = torch.arange(lo, hi, device=parents.device)[None].expand(b, -1).clone()      # [B, n]
+    allowed = torch.zeros(b, hi - lo, hi + 1, dtype=torch.bool, device=parents.device)  # column hi: a sink
+    while True:
+        ok = cur >= 0
+        if not bool(ok.any()):
+            return allowed[..., :hi]
+        allowed.scatter_(2, torch.where(ok, cur, hi)[..., None], True)
+        cur = torch.where(ok, parents.gather(1, cur.clamp(min=0)), cur)
+
+
+@torch.no_grad()
+def branch_probs(target: Target, cache, seq_len: int, branches: Branches, decoding,
+                 chunk_tokens: int = 4096) -> torch.Tensor:
+    """p(asked token) [B, Q, M] at each branch node's output (the distribution after its context, its
+    ancestors and itself), all nodes in one `BranchCache` call; the cache is rolled back afterwards."""
+    if branches.size == 0:
+        return torch.zeros(branches.asked.shape, dtype=torch.float32, device=branches.asked.device)
+    extended = BranchCache(target, cache, seq_len)
+    try:
+        return extended.probs(branches, decoding, chunk_tokens)[0]
+    finally:
+        extended.close()
