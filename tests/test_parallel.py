@@ -292,6 +292,43 @@ def test_a_question_cut_between_its_turns_resumes_over_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+def test_profile_at_temperature_over_two_processes_equals_one(tmp_path):
+    """At T > 0 the prompts (each with its samples) are split too; every draw is seeded per (prompt, sample),
+    so two processes give one process's figures and per_start rows byte for byte."""
+    run = Settings.of(limit=5, max_new_tokens=8, temperature=1.0, top_p=0.95, samples_per_prompt=2)
+    api.profile(run.with_(output_dir=str(tmp_path / "one")), ProfileOptions(max_steps=3), progress=False)
+    _torchrun("profile", *_run_args(run), "--temperature", 1.0, "--top-p", 0.95, "--samples-per-prompt", 2,
+              "--max-steps", 3, "--output-dir", tmp_path / "two")
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert (two / "samples.jsonl").read_bytes() == (one / "samples.jsonl").read_bytes()    # texts and counts
+    (a, _), (b, prov) = (_bare(json.loads((d / "profile.json").read_text())) for d in (one, two))
+    # the expectations are float32 sums over the target's p: a shard batches other prompts together, which moves
+    # them by float32 rounding only (as --batch-tokens does in one process; seen: 1e-5 relative at most); all else
+    # is equal
+    _close(b, a, rel=1e-4)
+    assert prov["processes"] == 2
+    rows = [[json.loads(ln) for ln in (d / "per_start.jsonl").read_text().splitlines()] for d in (one, two)]
+    assert len(rows[0]) > 0
+    _close(rows[1], rows[0], rel=1e-4)
+
+
+def _close(got, want, rel: float, path: str = "") -> None:
+    """got == want, floats within `rel` (relative, 1e-12 absolute near 0)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), path
+        for k in want:
+            _close(got[k], want[k], rel, f"{path}/{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            _close(g, w, rel, f"{path}[{i}]")
+    elif isinstance(want, float) and isinstance(got, float):
+        assert got == pytest.approx(want, rel=rel, abs=1e-12), path
+    else:
+        assert got == want, path
+
+
+@pytest.mark.slow
 def test_profile_and_ablate_over_two_processes_equal_one(tmp_path):
     for name, run in (("tree", TREE.with_(limit=6)), ("chain", Settings.of(limit=6, max_new_tokens=8))):
         api.profile(run.with_(output_dir=str(tmp_path / f"{name}1")), ProfileOptions(max_steps=4), progress=False)

@@ -153,6 +153,32 @@ class _Profile:
                                                        "the same counts as the greedy profile's, on these texts"}}
 
 
+def _profile_shards(oracle, prompts, options, continuations, pad: int, progress: bool) -> _Profile:
+    """The sequences and their pass, the prompts split between the processes of a launched run (each prompt's
+    samples stay together; every draw is seeded per (prompt, sample), so the split changes no figure)."""
+    from eagle_eval import parallel
+
+    need = oracle.settings.workload.max_new_tokens + options.max_steps
+    group = parallel.current()
+
+    def part(items):
+        conts = None if continuations is None else [c for _, c in items]
+        run = _Profile(oracle, options, _sequences(oracle, [p for p, _ in items], conts, need, pad,
+                                                   options.batch_tokens), pad)
+        run.run(progress and group.is_main)
+        per = len(run.seqs) // max(1, len(items))          # _sequences: each prompt's samples side by side
+        pairs = list(zip(run.seqs, run.profiled))
+        return [pairs[i * per:(i + 1) * per] for i in range(len(items))]
+
+    items = list(zip(prompts, continuations if continuations is not None else [None] * len(prompts)))
+    done = group.map_shards(items, part, weight=lambda item: (len(item[0].input_ids) + need)
+                            * (1 if continuations is not None else oracle.settings.decoding.samples_per_prompt))
+    pairs = [pair for rows in done for pair in rows]
+    run = _Profile(oracle, options, [seq for seq, _ in pairs], pad)
+    run.profiled = [prof for _, prof in pairs]
+    return run
+
+
 def profile_prompts_sampled(oracle, prompts, options, continuations=None, progress: bool = False,
                             workload: tuple[dict, list] = ({}, [])):
     """`profile_prompts` at temperature > 0 (module docstring) -> ProfileResult with `per_start`."""
@@ -162,9 +188,7 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
     settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
     dec, tok = settings.decoding, oracle.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
-    run = _Profile(oracle, options, _sequences(oracle, prompts, continuations, settings.workload.max_new_tokens
-                                               + k_max, pad, options.batch_tokens), pad)
-    run.run(progress)
+    run = _profile_shards(oracle, prompts, options, continuations, pad, progress)
     by_steps, samples, s_run, cycles = {}, [], min(r.num_steps, k_max), {}
     for s in range(1, k_max + 1):
         by_steps[str(s)], recs = run.figures(s)
