@@ -13,7 +13,7 @@ settings (see test_server_check.py); the faults here change what goes over the w
 | `malformed_json` | they answer 200 with a body that is not JSON |
 | `slow` | they answer after 3 s |
 | `per_step_reversed` | vLLM per-request metrics: per_step_accepted in reverse order (every total unchanged) |
-| `not_samples` | at temperature > 0: the tokens drawn uniformly from the vocabulary (what the real vLLM CPU build's speculative sampling returns) |
+| `not_samples` | at temperature > 0: the tokens drawn uniformly from the vocabulary (like the real vLLM 0.32 CPU build's speculative sampling, whose tokens the target often cannot emit: docs/server-check.md) |
 | `wrong_residual` | at temperature > 0: a rejected draft is replaced by a sample of p itself (the rejected draft not removed) |
 
 At temperature > 0 the stand-in samples as its engine does: the decode policy of `rule` (default vLLM's rule for

@@ -74,6 +74,7 @@ def test_sampling_on_the_cpu_build_is_caught_as_not_samples_of_the_target(real_v
     assert r["plausibility"]["verdict"] == "differs" and r["plausibility"]["outside_support"] > 0
     assert r["plausibility"]["mean_log_p"] < r["plausibility"]["mean_log_p_of_samples"] - 5
     assert "not samples of the target at these settings" in r["reasons"][0]
+    assert r["expectation"]["verdict"] == "differs" and r["expectation"]["z"] < -3.29     # accept length too low
     assert all(row["sampling"]["temperature"] == 0.7 and row["sampling"]["top_p"] == 0.95 for row in r["requests"])
     assert len({row["sampling"]["seed"] for row in r["requests"]}) == len(r["requests"])       # a seed per request
     assert "not samples of the target" in render_server_check(r)

@@ -20,11 +20,12 @@ def oracle():
     return load_oracle(BASE)
 
 
-def _check(oracle, backend, fault=None, rule=None, **decoding):
-    with serve(Engine(oracle, backend, fault=fault, per_request="detailed", rule=rule)) as url:
-        settings = BASE.with_(accept_rule=rule or backend, **decoding)
-        return run_server_check(settings, ServerCheckOptions(backend=backend, url=url, metrics_settle=0, retries=0),
-                                oracle=oracle)
+def _check(oracle, backend, fault=None, rule=None, per_request="detailed", server=None, limit=None, **decoding):
+    """server-check of a stand-in; `server`: the stand-in's own oracle (a wiring fault), default the check's."""
+    with serve(Engine(server or oracle, backend, fault=fault, per_request=per_request, rule=rule)) as url:
+        settings = BASE.with_(accept_rule=rule or backend, **decoding, **({"limit": limit} if limit else {}))
+        return run_server_check(settings, ServerCheckOptions(backend=backend, url=url, metrics_settle=0, retries=0,
+                                                             rollouts=8), oracle=oracle)
 
 
 @pytest.mark.slow
@@ -59,11 +60,81 @@ def test_a_residual_that_keeps_the_rejected_draft_is_caught_per_request(oracle):
 
 
 @pytest.mark.slow
-def test_a_rule_with_sampled_drafts_checks_only_the_distribution(oracle):
-    result = _check(oracle, "vllm", rule="vllm-probabilistic", temperature=0.9)
+def test_a_rule_with_sampled_drafts_without_per_step_counts_checks_only_the_distribution(oracle):
+    result = _check(oracle, "vllm", rule="vllm-probabilistic", per_request="summary", temperature=0.9)
     r = result.report
     assert not r["sampling"]["exact_per_request"] and r["plausibility"]["verdict"] == "consistent"
+    assert r["expectation"] is None
     assert result.exit_status == 3 and "no per-request count follows" in " ".join(r["reasons"])
+
+
+@pytest.mark.slow
+def test_sampled_drafts_a_wiring_fault_is_caught_by_the_expected_acceptance_alone(oracle):
+    """vllm-probabilistic is lossless whatever the head: a server tapping HF layers 0, 1, 2 (the head wants
+    2, 4, 5) emits samples of the target, so the distribution check passes; its acceptance along its own answers
+    falls short of what the oracle's head expects there, cycle by cycle, and that decides it."""
+    wrong = oracle.with_(aux_layers=(0, 1, 2))
+    bad = _check(oracle, "vllm", rule="vllm-probabilistic", server=wrong, limit=12, temperature=0.9)
+    r = bad.report
+    assert r["plausibility"]["verdict"] == "consistent" and r["expectation"]["verdict"] == "differs"
+    assert bad.exit_status == 1 and r["expectation"]["z"] < -3.29
+    assert any(x.startswith("the server's acceptance is not what a faithful engine gives") for x in r["reasons"])
+    good = _check(oracle, "vllm", rule="vllm-probabilistic", limit=12, temperature=0.9)
+    assert good.report["expectation"]["verdict"] != "differs" and good.exit_status in (0, 3), \
+        render_server_check(good.report)
+    assert good.report["expectation"]["cycles"] > 100
+
+
+@pytest.mark.slow
+def test_one_hot_rules_the_expected_acceptance_agrees_with_the_exact_counts(oracle):
+    """Under vLLM's default rule a faithful server's counts are exact per request, and their sum lies where the
+    expectation along its answers says; the wiring fault is far outside it."""
+    good = _check(oracle, "vllm", temperature=0.9)
+    assert good.exit_status == 0 and good.report["expectation"]["verdict"] == "consistent"
+    bad = _check(oracle, "vllm", server=oracle.with_(aux_layers=(0, 1, 2)), temperature=0.9)
+    assert bad.exit_status == 1 and bad.report["expectation"]["z"] < -10
+
+
+def test_the_expectation_statistic_is_standard_normal_for_a_faithful_engine():
+    """Cycles drawn from known P(A >= i | root): z of a faithful server is about N(0, 1) (5% beyond 1.96),
+    a server accepting one draft fewer a tenth of the time is called differs."""
+    import torch
+
+    from eagle_eval.servers.sampled import expectation_check
+
+    gen, s = torch.Generator().manual_seed(0), 4
+    beyond, shifted = 0, 0
+    for rep in range(300):
+        at_least = torch.rand(200, s, generator=gen).clamp(0.05, 0.95).cumprod(1)      # decreasing in i
+        pmf = torch.cat([1 - at_least[:, :1], at_least[:, :-1] - at_least[:, 1:], at_least[:, -1:]], 1)
+        steps, k, answer_len = [], 0, 200
+        while k + s + 1 < answer_len:
+            a = int(torch.multinomial(pmf[k], 1, generator=gen))
+            steps.append(a)
+            k += a + 1
+        steps.append(0)                                           # the last cycle, at the end: not used
+        row = {"server": {"accepted_per_cycle": steps}, "output_ids": [0] * answer_len}
+        z = expectation_check([row], [(at_least, None)], s, 0.05)["z"]
+        beyond += abs(z) > 1.96
+        if rep < 30:
+            low = [max(a - 1, 0) if i % 10 == 0 else a for i, a in enumerate(steps)]
+            shifted += expectation_check([{**row, "server": {"accepted_per_cycle": low}}],
+                                         [(at_least, None)], s, 0.05)["verdict"] == "differs"
+    assert 0.02 < beyond / 300 < 0.09, beyond
+    certain = torch.ones(50, s)
+    row = {"server": {"accepted_per_cycle": [s] * 9}, "output_ids": [0] * 50}
+    assert expectation_check([row], [(certain, None)], s, 0.05)["verdict"] == "consistent"
+    row = {"server": {"accepted_per_cycle": [s - 1] * 9}, "output_ids": [0] * 50}
+    assert expectation_check([row], [(certain, None)], s, 0.05)["verdict"] == "differs"
+
+
+def test_per_step_counts_must_add_up_to_the_answer():
+    from eagle_eval.servers.sampled import emitted_mismatch
+
+    assert not emitted_mismatch([2, 0, 1], [7] * 6)          # 1 + 3 + 1 + 2 = 7 emitted, the last cut: 6 kept
+    assert not emitted_mismatch([2, 0, 1], [7] * 7)
+    assert emitted_mismatch([2, 0, 1], [7] * 8)               # more tokens than the steps emit
+    assert emitted_mismatch([2, 0, 1], [7] * 5)               # the last step emitted nothing that was kept
 
 
 def test_requests_carry_the_settings_and_a_seed_per_prompt():

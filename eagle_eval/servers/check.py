@@ -243,7 +243,8 @@ def _sampled_check(oracle, workload, client, server_settings, note, check: Serve
     each request's per-step counts against the drafts re-made along its own answer (one-hot rules). Rank 0 only:
     the oracle decodes nothing, so there is nothing to split."""
     from eagle_eval.results.report import DEFINITIONS, build_report
-    from eagle_eval.servers.sampled import ask_sampled, exact_per_request, judge_sampled, plausibility
+    from eagle_eval.servers.sampled import (ask_sampled, exact_per_request, expectation_check, expected_along,
+                                            judge_sampled, plausibility)
     from eagle_eval.speculative.sampling import FILTER_ORDER
 
     if client is None and group.is_main:
@@ -255,7 +256,13 @@ def _sampled_check(oracle, workload, client, server_settings, note, check: Serve
     prompts, records, rows = ask_sampled(oracle, workload, client, check, progress)
     plaus = plausibility(oracle, [(p.input_ids, r["output_ids"]) for p, r in zip(prompts, rows)])
     exact = exact_per_request(decoding)
-    verdict, reasons = judge_sampled(rows, plaus, exact)
+    expectation = None
+    stepped = [i for i, r in enumerate(rows) if r["server"]["accepted_per_cycle"] and r["output_ids"]]
+    if stepped and resolved.topk == 1:             # per-step counts give the cycle roots along each answer
+        got = expected_along(oracle, [prompts[i] for i in stepped], [rows[i]["output_ids"] for i in stepped],
+                             rollouts=check.rollouts)
+        expectation = expectation_check([rows[i] for i in stepped], got, resolved.num_steps, check.tolerance)
+    verdict, reasons = judge_sampled(rows, plaus, exact, expectation)
     settings_rows = (engine(check.backend).compare_settings(server_settings, resolved, settings.model.draft)
                      if server_settings is not None else [])
     for row in settings_rows:
@@ -278,7 +285,8 @@ def _sampled_check(oracle, workload, client, server_settings, note, check: Serve
                      "min_p": decoding.min_p, "rule": decoding.accept_rule, "filter_order": FILTER_ORDER[decoding.accept_rule],
                      "per_request_seed": "sha256 of (--seed, prompt id), 31 bits (servers/sampled.py request_seed)",
                      "exact_per_request": exact},
-        "plausibility": plaus, "tokens": {"requests": len(rows)}, "judgement": None, "acceptance": {
+        "plausibility": plaus, "expectation": expectation, "tokens": {"requests": len(rows)}, "judgement": None,
+        "acceptance": {
             "server_mean_accept_length": sum(server_tau) / len(server_tau) if server_tau else None,
             "redrafted_accept_length": report["summary"]["accept_length"] if exact else None},
         "distribution": None, "divergences": [], "requests": rows, "hypotheses": None, "sglang_log": None,
@@ -383,5 +391,8 @@ def _render_sampled(report: dict) -> str:
                      f"{len(compared)} requests equal ({len(report['requests'])} sent)")
     lines.append(f"acceptance  server mean accept length {_f(acc['server_mean_accept_length'])}; re-drafted along "
                  f"its answers {_f(acc['redrafted_accept_length'])}")
+    exp = report.get("expectation")
+    if exp:
+        lines.append(f"expected    {exp['verdict'].upper()}: {exp.get('message')}")
     return "\n".join(lines + _verdict_lines(report))
 

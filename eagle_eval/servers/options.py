@@ -18,7 +18,8 @@ class ServerCheckOptions(Group):
     mode: str = opt("exact", "exact: every request's tokens and counts must equal the oracle's (a faithful fp32 "
                     "engine); tolerance: a 95% interval of per-request acceptance differences within --tolerance "
                     "(servers with bf16 kernels).", choices=MODES)
-    tolerance: float = opt(0.05, "Relative tolerance: per-request interval in --mode tolerance, and the SGLang log.")
+    tolerance: float = opt(0.05, "Relative tolerance: per-request interval in --mode tolerance, the SGLang log, and "
+                           "at temperature > 0 the accept length against a faithful engine's expectation.")
     tie_margin: float = opt(0.1, "A divergence where the target's logit margin is below this is numerics, not a bug.")
     timeout: float = opt(300.0, "Seconds per HTTP request.")
     retries: int = opt(2, "Retries on connection errors and HTTP 502/503/504.")
@@ -31,6 +32,8 @@ class ServerCheckOptions(Group):
                             "per-request metrics when present).", choices=METRICS_SOURCES)
     sglang_log: str | None = opt(None, "SGLang server log covering this workload: compare its accept len.",
                                  input_path=True)
+    rollouts: int = opt(32, "Temperature > 0, sampled drafts (vllm-probabilistic, sglang-rs): draft paths per cycle "
+                        "root for the expected acceptance along the server's answers.")
     hypotheses: bool = opt(True, "When acceptance disagrees, rank the usual wiring faults by how well each "
                            "reproduces it.", flag="--hypotheses", secondary="--no-hypotheses")
 
@@ -48,5 +51,7 @@ class ServerCheckOptions(Group):
             raise ConfigError(f"--vllm-metrics needs --backend vllm, not {self.backend}")
         if self.tolerance < 0 or self.tie_margin < 0:
             raise ConfigError("--tolerance and --tie-margin must be >= 0")
+        if self.rollouts < 1:
+            raise ConfigError(f"--rollouts must be >= 1, got {self.rollouts}")
         if self.timeout <= 0 or self.retries < 0 or self.metrics_settle < 0:
             raise ConfigError("--timeout must be > 0, --retries and --metrics-settle >= 0")

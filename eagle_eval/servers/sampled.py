@@ -16,12 +16,20 @@ can be checked is fixed by the answers themselves (docs/eagle3.md section 8):
   end (tokens the server cut at max_new_tokens): it is a lower bound, marked as such;
 - `compare_redrafted(ours, last_capped, server)`: the server's per-step counts (vLLM's detailed per-request
   metrics) against those, or its totals when that is all it reports.
-Rules that sample their drafts (vllm-probabilistic, sglang-rs) fix no per-step count: only plausibility applies.
+- `expected_along(oracle, prompts, answers)` and `expectation_check(...)`: under every rule, the accepted drafts
+  a faithful engine expects at each cycle the server ran (its per-step counts give the cycle roots along its
+  answer): E[A | root] and Var[A | root] from P(A >= i | root) (speculative/profile_sampled.py: exact for the
+  one-hot rules, rollouts for sampled drafts). The cycles' A - E[A | root] are martingale differences, so their
+  sum over the cycles that could not reach the answer's end (decided by the root alone) is judged by a z score:
+  |z| > 3.29 differs (false-alarm rate 0.001), else consistent when the 95% interval of the relative difference
+  is within the tolerance, else undecided. It is what decides the rules with sampled drafts, whose per-step
+  counts no answer fixes; `emitted_mismatch` checks the counts add up to the answer's length.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
@@ -180,7 +188,8 @@ def ask_sampled(oracle, workload, client, check, progress: bool) -> tuple[list, 
     return prompts, records, rows
 
 
-def judge_sampled(rows: list[dict], plaus: dict | None, exact: bool) -> tuple[str, list[str]]:
+def judge_sampled(rows: list[dict], plaus: dict | None, exact: bool,
+                  expectation: dict | None = None) -> tuple[str, list[str]]:
     """The verdict of a check at temperature > 0 and its reasons (undecided is never agree)."""
     reasons = {"disagree": [], "undecided": [], "incomplete": []}
     if plaus is not None and plaus.get("verdict") == "differs":
@@ -191,6 +200,9 @@ def judge_sampled(rows: list[dict], plaus: dict | None, exact: bool) -> tuple[st
     elif plaus is not None and plaus.get("verdict") == "undecided":
         reasons["undecided"].append(f"too few tokens to tell whether the server's tokens are samples of the target "
                                     f"({plaus.get('message', '')})")
+    if expectation is not None and expectation["verdict"] == "differs":
+        reasons["disagree"].append(f"the server's acceptance is not what a faithful engine gives along its own "
+                                   f"answers: {expectation['message']}")
     if exact:
         compared = [r for r in rows if r.get("redrafted", {}).get("equal") is not None]
         bad = [r for r in compared if r["redrafted"]["equal"] is False]
@@ -204,9 +216,97 @@ def judge_sampled(rows: list[dict], plaus: dict | None, exact: bool) -> tuple[st
             reasons["incomplete"].append(f"{len(rows) - len(compared)} request(s) report no acceptance counts to "
                                          "compare with the drafts re-made along their answers")
     else:
-        reasons["incomplete"].append("the rule samples its drafts (vllm-probabilistic, sglang-rs): no per-request "
-                                     "count follows from the answers; only the answers' distribution is checked")
+        off = [r["id"] for r in rows if r["server"].get("accepted_per_cycle") is not None
+               and emitted_mismatch(r["server"]["accepted_per_cycle"], r["output_ids"])]
+        if off:
+            reasons["disagree"].append(f"{len(off)} request(s) report per-step counts that cannot have emitted their "
+                                       f"answers (first: {off[0]}): the counts and the tokens disagree")
+        if expectation is None:
+            reasons["incomplete"].append("the rule samples its drafts (vllm-probabilistic, sglang-rs): no per-request "
+                                         "count follows from the answers, and the server reports no per-step counts "
+                                         "to judge against the expected acceptance; only the answers' distribution "
+                                         "is checked")
+        elif expectation["verdict"] == "undecided":
+            reasons["undecided"].append(f"the server's acceptance against a faithful engine's expectation along its "
+                                        f"answers is not decided: {expectation.get('message')} (tolerance "
+                                        f"{expectation['tolerance']:g}; more prompts or tokens would decide)")
     for verdict in ("disagree", "undecided", "incomplete"):
         if reasons[verdict]:
             return verdict, [r for v in ("disagree", "undecided", "incomplete") for r in reasons[v]]
     return "agree", []
+
+
+@torch.no_grad()
+def expected_along(oracle, prompts, answers: list[list[int]], rollouts: int = 32, batch_tokens: int = 4096,
+                   floor: float = 1e-6) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(P(A >= i | root k) [len(answer), S], the estimate's variance or None) along each answer, chains only:
+    each answer taken as it is (padded past its end; those roots are not used)."""
+    from eagle_eval.speculative import profile as prof
+    from eagle_eval.speculative.expected import PROBABILISTIC_RULES
+    from eagle_eval.speculative.profile_sampled import profile_batch_rollouts, profile_batch_sampled
+
+    spec, dec, s = oracle.speculator, oracle.settings.decoding, oracle.resolved.num_steps
+    max_new = max(len(a) for a in answers)
+    items = [(p, list(a) + [0] * (max_new + s - len(a))) for p, a in zip(prompts, answers)]
+    out = [None] * len(items)
+    for batch in prof.batches([p.input_ids + c for p, c in items], 0, max(1, batch_tokens // (
+            rollouts if dec.accept_rule in PROBABILISTIC_RULES else 1))):
+        part = [items[j] for j in batch]
+        if dec.accept_rule in PROBABILISTIC_RULES:
+            got = profile_batch_rollouts(spec, part, [(p.id, 0) for p, _ in part], s, max_new, 0, dec, rollouts)
+        else:
+            got = profile_batch_sampled(spec, part, s, max_new, 0, dec, floor=floor)
+        for j, res in zip(batch, got):
+            out[j] = (res.expected.chain[:, :s], None if res.expected.variance is None else res.expected.variance[:, :s])
+    return out
+
+
+def emitted_mismatch(steps: list[int], answer: list[int]) -> bool:
+    """Whether per-step counts cannot have produced `answer`: the first token comes from the prefill and cycle c
+    emits steps[c] + 1 tokens, so they sum to its length (the last cycle may be cut at max_tokens or EOS)."""
+    emitted = 1 + sum(n + 1 for n in steps)
+    return not (emitted >= len(answer) and emitted - (steps[-1] + 1 if steps else 0) < len(answer))
+
+
+def expectation_check(rows: list[dict], expected: list, num_steps: int, tolerance: float) -> dict:
+    """The server's accepted drafts, cycle by cycle, against E[A | root] along its own answers (module docstring).
+    rows: the per-request rows (server.accepted_per_cycle, output_ids); expected: `expected_along`'s, per row."""
+    cycles = server = mean = var = 0.0
+    used = 0
+    for row, exp in zip(rows, expected):
+        steps, answer = row["server"]["accepted_per_cycle"], row["output_ids"]
+        if exp is None or not steps:
+            continue
+        at_least, est_var = exp
+        used += 1
+        k = 0
+        for a in steps:
+            if k + num_steps + 1 >= len(answer):          # this cycle could reach the answer's end: not used
+                break
+            p = at_least[k].double()
+            e = float(p.sum())
+            e2 = float(sum((2 * i + 1) * float(p[i]) for i in range(num_steps)))
+            v = max(e2 - e * e, 0.0)
+            if est_var is not None:                       # rollouts: the estimate's own noise (Cauchy-Schwarz bound)
+                v += float(est_var[k].clamp_min(0).sqrt().sum()) ** 2
+            cycles, server, mean, var = cycles + 1, server + a, mean + e, var + v
+            k += a + 1
+    out = {"requests": used, "cycles": int(cycles), "server_accepted": int(server), "expected_accepted": mean,
+           "tolerance": tolerance,
+           "definition": "over the cycles of every request whose root is more than num_steps + 1 tokens before the "
+                         "answer's end: the server's accepted drafts against the sum of E[A | root] a faithful engine "
+                         "expects there (P(A >= i | root) at the run's settings and rule); z = (server - expected) / "
+                         "sqrt(sum Var[A | root]); relative_difference = (server - expected) / (cycles + expected), "
+                         "the accept length's relative difference"}
+    if cycles == 0:
+        return {**out, "verdict": "undecided", "z": None, "relative_difference": None, "interval": None,
+                "message": "no cycle far enough from its answer's end"}
+    sd = math.sqrt(var)
+    z = (server - mean) / sd if sd > 0 else (0.0 if server == mean else math.copysign(math.inf, server - mean))
+    rel, half = (server - mean) / (cycles + mean), 1.96 * sd / (cycles + mean)
+    verdict = "differs" if abs(z) > 3.29 else "consistent" if half <= tolerance else "undecided"
+    tau_s, tau_e = 1 + server / cycles, 1 + mean / cycles
+    message = (f"accept length {tau_s:.3f} over {int(cycles)} cycles where a faithful engine expects {tau_e:.3f} "
+               f"along the same answers (relative difference {rel:+.3f}, 95% interval +-{half:.3f}, z = {z:.2f})")
+    return {**out, "verdict": verdict, "z": z, "relative_difference": rel, "interval": [rel - half, rel + half],
+            "server_accept_length": tau_s, "expected_accept_length": tau_e, "message": message}
