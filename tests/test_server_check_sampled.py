@@ -93,6 +93,11 @@ def test_one_hot_rules_the_expected_acceptance_agrees_with_the_exact_counts(orac
     assert good.exit_status == 0 and good.report["expectation"]["verdict"] == "consistent"
     bad = _check(oracle, "vllm", server=oracle.with_(aux_layers=(0, 1, 2)), temperature=0.9)
     assert bad.exit_status == 1 and bad.report["expectation"]["z"] < -10
+    first = bad.report["expectation"]["per_position"][0]          # the shortfall starts at the first draft
+    assert first["interval"][1] < 0 and first["server_rate"] < first["expected_rate"]
+    rates = [q["server_rate"] for q in good.report["expectation"]["per_position"]]
+    assert rates == sorted(rates, reverse=True) and all(
+        q["interval"][0] <= 0 <= q["interval"][1] or abs(q["z"]) < 3.29 for q in good.report["expectation"]["per_position"])
 
 
 def test_the_expectation_statistic_is_standard_normal_for_a_faithful_engine():

@@ -394,5 +394,9 @@ def _render_sampled(report: dict) -> str:
     exp = report.get("expectation")
     if exp:
         lines.append(f"expected    {exp['verdict'].upper()}: {exp.get('message')}")
+        if exp.get("per_position"):
+            lines.append("  per position P(A >= i): " + "  ".join(
+                f"{q['position']}: {q['server_rate']:.3f} vs {q['expected_rate']:.3f}" for q in exp["per_position"])
+                + "  (server vs expected)")
     return "\n".join(lines + _verdict_lines(report))
 

@@ -273,6 +273,7 @@ def expectation_check(rows: list[dict], expected: list, num_steps: int, toleranc
     rows: the per-request rows (server.accepted_per_cycle, output_ids); expected: `expected_along`'s, per row."""
     cycles = server = mean = var = 0.0
     used = 0
+    pos = [[0.0, 0.0, 0.0] for _ in range(num_steps)]      # per position i: server's 1[A >= i], sum P, sum Var
     for row, exp in zip(rows, expected):
         steps, answer = row["server"]["accepted_per_cycle"], row["output_ids"]
         if exp is None or not steps:
@@ -290,6 +291,12 @@ def expectation_check(rows: list[dict], expected: list, num_steps: int, toleranc
             if est_var is not None:                       # rollouts: the estimate's own noise (Cauchy-Schwarz bound)
                 v += float(est_var[k].clamp_min(0).sqrt().sum()) ** 2
             cycles, server, mean, var = cycles + 1, server + a, mean + e, var + v
+            for i in range(num_steps):
+                pi = float(p[i])
+                extra = float(est_var[k, i].clamp_min(0)) if est_var is not None else 0.0
+                pos[i][0] += a >= i + 1
+                pos[i][1] += pi
+                pos[i][2] += pi * (1 - pi) + extra
             k += a + 1
     out = {"requests": used, "cycles": int(cycles), "server_accepted": int(server), "expected_accepted": mean,
            "tolerance": tolerance,
@@ -301,6 +308,17 @@ def expectation_check(rows: list[dict], expected: list, num_steps: int, toleranc
     if cycles == 0:
         return {**out, "verdict": "undecided", "z": None, "relative_difference": None, "interval": None,
                 "message": "no cycle far enough from its answer's end"}
+    per_position = []
+    for i, (got, want, v) in enumerate(pos):
+        half_i = 1.96 * math.sqrt(v) / cycles
+        per_position.append({"position": i + 1, "server_rate": got / cycles, "expected_rate": want / cycles,
+                             "difference": (got - want) / cycles,
+                             "interval": [(got - want) / cycles - half_i, (got - want) / cycles + half_i],
+                             "z": (got - want) / math.sqrt(v) if v > 0 else None})
+    out["per_position"] = per_position
+    out["per_position_definition"] = ("per position i over the same cycles: the server's rate of A >= i against "
+                                      "the mean P(A >= i | root), 95% interval of the difference (sum of "
+                                      "P(1 - P) over the cycles); informative, the verdict is the total's")
     sd = math.sqrt(var)
     z = (server - mean) / sd if sd > 0 else (0.0 if server == mean else math.copysign(math.inf, server - mean))
     rel, half = (server - mean) / (cycles + mean), 1.96 * sd / (cycles + mean)
