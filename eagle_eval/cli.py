@@ -34,12 +34,12 @@ from eagle_eval.settings import (
 )
 
 # which settings each command takes: every group, less the fields it does not use
-NOT_USED = {
-    "run": set(),
+NOT_USED = {                         # samples_per_prompt: the profile's sampled continuations per prompt
+    "run": {"samples_per_prompt"},
     "profile": {"resume"},
     "ablate": {"resume"},
-    "diagnose": {"resume"},
-    "server-check": {"resume"},
+    "diagnose": {"resume", "samples_per_prompt"},
+    "server-check": {"resume", "samples_per_prompt"},
 }
 OWN_ONLY = {"plan"}                  # commands that take their own options and no Settings
 
@@ -123,6 +123,11 @@ def build(command: str, kw: dict) -> tuple[Settings, Group | None]:
     ctx = click.get_current_context()
     own_cls = _own_options(command)
     flat = read_settings_file(kw["config_file"], command, own_cls) if kw.get("config_file") else {}
+    defaults = {f.name: f.default for cls in GROUPS.values() for f in fields(cls)}
+    unused = sorted(k for k in set(flat) & NOT_USED.get(command, set()) if flat[k] != defaults.get(k))
+    if unused:                           # a saved settings.yaml holds every field, at its default where unused
+        raise ConfigError(f"{kw['config_file']}: {', '.join(unused)} is not a setting of `{command}` "
+                          f"(it would be ignored); remove it for this command")
     groups = [] if command in OWN_ONLY else list(GROUPS.values())
     owners = {f.name: (f, cls) for cls in [*groups, *([own_cls] if own_cls else [])] for f in fields(cls)}
     for name, value in kw.items():

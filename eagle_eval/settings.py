@@ -297,7 +297,7 @@ class DecodingSettings(Group):
                                          "probability reaches it is accepted outright.")
     accept_threshold_acc: float = opt(1.0, "SGLang --speculative-accept-threshold-acc: the coin is compared with "
                                       "cumsum(p) / this.")
-    samples_per_prompt: int = opt(1, "Sampled continuations per prompt (temperature > 0).")
+    samples_per_prompt: int = opt(1, "profile and ablate at temperature > 0: sampled continuations per prompt.")
     seed: int = opt(0, "Seed of every random choice (torch.manual_seed at the start; each sample's generator).")
 
     def validate(self):

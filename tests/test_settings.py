@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from eagle_eval import oracle as oracle_module
-from eagle_eval.cli import main, reference_markdown
+from eagle_eval.cli import NOT_USED, main, reference_markdown
 from eagle_eval.settings import (
     GROUPS,
     REPO_ROOT,
@@ -71,6 +71,17 @@ def test_a_command_refuses_an_option_it_does_not_use():
     assert res.exit_code == 2 and "No such option '--resume'" in res.output
     res = _invoke(["run", "--max-steps", "3"])
     assert res.exit_code == 2 and "No such option '--max-steps'" in res.output
+    res = _invoke(["run", "--samples-per-prompt", "2"])          # the profile's; run decodes each prompt once
+    assert res.exit_code == 2 and "No such option '--samples-per-prompt'" in res.output
+
+
+def test_a_settings_file_may_not_set_what_the_command_ignores(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("decoding: {temperature: 0.7, samples_per_prompt: 4}\n")
+    res = _invoke(["run", "--config", str(path)])
+    assert res.exit_code == 2 and "samples_per_prompt is not a setting of `run`" in res.output, res.output
+    path.write_text("decoding: {samples_per_prompt: 1}\nworkload: {limit: 1, max_new_tokens: 4}\n")
+    assert _invoke(["run", "--config", str(path)]).exit_code == 0                    # the default: harmless
 
 
 def test_every_field_is_an_option_of_run_with_its_help_and_choices():
@@ -78,6 +89,9 @@ def test_every_field_is_an_option_of_run_with_its_help_and_choices():
     params = {p.name: p for p in run.params}
     for cls in GROUPS.values():
         for f in fields(cls):
+            if f.name in NOT_USED["run"]:
+                assert f.name not in params, f.name
+                continue
             assert f.name in params, f.name
             assert params[f.name].help == f.metadata["help"]
             if f.metadata["choices"]:
