@@ -1,5 +1,5 @@
 """GPU benchmark: a Kimi-K2-width target whose routed experts are held as pack-quantized INT4, against the
-bf16 copy of the same weights, in one process (issue 24).
+bf16 copy of the same weights, in one process.
 
 Kimi-K2 / K2.5 widths (hidden 7168, MLA with q_lora 1536 and kv_lora 512, 64 heads, 384 routed experts of
 width 2048 with 8 active and one shared, vocab 163840), a few layers (the first dense, the rest MoE),

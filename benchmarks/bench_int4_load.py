@@ -1,6 +1,5 @@
 """Peak memory of loading a pack-quantized INT4 checkpoint: eagle-eval's packed loader against
-transformers' from_pretrained (which decompresses the routed experts to bf16), each in a fresh process
-(issue 24).
+transformers' from_pretrained (which decompresses the routed experts to bf16), each in a fresh process.
 
 Writes a Kimi-K2-width DeepSeek-V3 checkpoint (config.json with compressed-tensors pack-quantized INT4,
 group 32, on the routed experts only, as Kimi-K2.5 ships them) of a few layers, with random packed words

@@ -1,5 +1,5 @@
 """A target bigger than the GPU budget, on one GPU: the cost per cycle of accelerate's CPU offload, and the
-loop's tokens against the all-on-GPU run's (issue 24).
+loop's tokens against the all-on-GPU run's.
 
 Builds a Llama-3.1-8B-shaped target (bench_gpu.py's, random bf16 weights) and an 8B-shaped head on cuda:0,
 runs the reference loop (time per cycle, its verify forward and draft steps, the tokens), then moves the

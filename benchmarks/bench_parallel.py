@@ -1,4 +1,4 @@
-"""Scale-out benchmark (issue 25): the same `eagle-eval run` in 1 process and in N processes, side by side.
+"""Scale-out benchmark: the same `eagle-eval run` in 1 process and in N processes, side by side.
 
     python benchmarks/bench_parallel.py                        # CPU: the bundled pair, each process 1 thread
     python benchmarks/bench_parallel.py --shape 1b --prompts 64 --max-new-tokens 128 --out benchmarks/results

@@ -1,4 +1,4 @@
-"""The loop at temperature > 0 against the greedy loop, side by side in one process (issue 23).
+"""The loop at temperature > 0 against the greedy loop, side by side in one process.
 
 For each accept rule: the same prompts decoded by the reference loop at temperature 0 and at --temperature,
 each timed over --repeats passes (best pass kept), as seconds per emitted token and cycle; the ratio

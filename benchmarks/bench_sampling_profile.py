@@ -1,4 +1,4 @@
-"""The profile at temperature > 0 against the greedy profile on the same prompts, side by side (issue 23).
+"""The profile at temperature > 0 against the greedy profile on the same prompts, side by side.
 
     python benchmarks/bench_sampling_profile.py                     # the bundled pair and prompts (CPU)
     python benchmarks/bench_sampling_profile.py --random 8b --out DIR   # GPU: Llama-3.1-8B shapes, random bf16
@@ -10,7 +10,7 @@ Times, each the median of --reps runs after a warm-up, on one loaded oracle:
                     taken as they are): no generation (greedy: re-profiled where bf16 near-ties move the argmax)
   pass only         the batch function alone on the same batches: the teacher-forced pass, the drafting and
                     the expectations, nothing else
-and the ratio T > 0 / greedy of each (the bound of issue 23: <= 1.3). The T > 0 profile reads p on the
+and the ratio T > 0 / greedy of each (the bound asked for: <= 1.3). The T > 0 profile reads p on the
 continuation where the drafts follow it and runs the other drafts as branch tokens over the pass's cache:
 `branch_tokens_per_start` says how many it ran. With random weights no draft follows a sampled
 continuation: every start's first draft runs off it, and deeper ones while P(A >= i) >= --expectation-floor.

@@ -1,5 +1,5 @@
-"""Pack-quantized INT4 targets held packed on a real GPU, and a target split over the GPU and the CPU
-(issue 24); skipped without CUDA.
+"""Pack-quantized INT4 targets held packed on a real GPU, and a target split over the GPU and the CPU;
+skipped without CUDA.
 
 The checks are the CPU ones of test_int4.py and test_offload.py, on cuda:0: the loop equals the same
 model's `generate`, the profile equals the loop (bf16 and fp32), the packed words stay int32 on the GPU,

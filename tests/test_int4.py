@@ -1,4 +1,4 @@
-"""compressed-tensors pack-quantized INT4 targets held packed (issue 24).
+"""compressed-tensors pack-quantized INT4 targets held packed.
 
 The fixtures are written in the real format by compressed-tensors itself (tests/quant_fixtures.py): a
 DeepSeek-V3 causal LM with INT4 routed experts (transformers' fused expert tensors) or INT4 everywhere

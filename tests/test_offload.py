@@ -1,5 +1,5 @@
 """A target bigger than the device: with --max-memory leaving too little room, accelerate puts the rest on
-the CPU or the disk, and the loop's tokens equal the whole-on-one-device run's (issue 24).
+the CPU or the disk, and the loop's tokens equal the whole-on-one-device run's.
 
 On this machine the device is the CPU itself, so the split is cpu + disk (the GPU half, GPU + cpu, is
 benchmarks/bench_offload.py on the H200). The packed INT4 targets have the same test in test_int4.py.

@@ -1,4 +1,4 @@
-"""One run over many processes (issue 25): the parallel layer on its own, then every command started
+"""One run over many processes: the parallel layer on its own, then every command started
 by torchrun (and accelerate launch) with 2 processes on the CPU over gloo, against one process.
 
 The equalities are exact: samples.jsonl byte for byte, and every report key except `provenance`

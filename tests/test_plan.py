@@ -1,4 +1,4 @@
-"""`eagle-eval plan` (issue 24): bytes as held, KV cache, accelerate's placement, the verdict; no weights read.
+"""`eagle-eval plan`: bytes as held, KV cache, accelerate's placement, the verdict; no weights read.
 
 The real Kimi-K2.5 and DeepSeek-V3 configs (tests/data/plan, from their model cards; config.json only) are
 planned on 8 x 141 GB: Kimi-K2.5 held packed fits and in bf16 does not, DeepSeek-V3 held FP8 fits. The

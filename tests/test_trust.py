@@ -1,4 +1,4 @@
-"""Trustworthy in CI and in careless hands (issue 21, the parts below the CLI): every class of fault has
+"""Trustworthy in CI and in careless hands (the parts below the CLI): every class of fault has
 cases of its own here. Exit statuses from findings, weight dtypes, no tracebacks from folders and files,
 nothing coerced, resume with planted rows, `report` over every command's results, ablate's advice,
 progress and fingerprints.
