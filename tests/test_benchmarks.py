@@ -143,10 +143,12 @@ def test_int4_load_benchmark_runs_tiny_and_the_packed_load_stays_near_the_checkp
     ckpt, ours, theirs = out["checkpoint"]["checkpoint"], out["eagle-eval"], out["transformers"]
     assert ckpt == out["checkpoint"]["packed"] + out["checkpoint"]["other"] and out["bf16_over_checkpoint"] > 2
     assert ckpt <= ours["held_bytes"] < 1.01 * ckpt            # the router kept in fp32 is the difference
-    assert "int32" in ours["held_dtypes"] and ours["host_peak_added"] < 2 * ckpt
+    # what the load allocates is the anonymous peak; RSS also counts the mapped checkpoint's page cache, which
+    # moves with what else the machine does (1.75x here alone, 2.005x once in a full suite run)
+    assert "int32" in ours["held_dtypes"] and ours["host_anon_peak_added"] < 0.5 * ckpt
     if "error" not in theirs:                                   # transformers decompresses the experts to bf16
         assert theirs["held_bytes"] > 2 * ckpt and "int32" not in theirs["held_dtypes"]
-        assert theirs["host_peak_added"] > 1.5 * ours["host_peak_added"]
+        assert theirs["host_anon_peak_added"] > 2 * ckpt
 
 
 @pytest.mark.slow
