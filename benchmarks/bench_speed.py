@@ -238,10 +238,10 @@ def split_section(model, head, args, vocab):
         add_hook_to_module(layer, AlignDevicesHook(execution_device="cpu", io_same_device=True))
     oracle = bench_deepseek.make_oracle(model, head, 3, 8)
     g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(10, vocab, (16,), generator=g).tolist() for _ in range(16)]
+    prompts = [torch.randint(10, vocab, (16,), generator=g).tolist() for _ in range(64)]
     ref = [speculative_decode(oracle.speculator, p, 3, 8, set()).output_ids for p in prompts[:2]]
     out = {"cpu_layers": cpu, "capture_blocker": capture_blockers(oracle.speculator)}
-    out["batched"] = batched_section(oracle.speculator, prompts, 3, 8, True, [1, 4, 16], lambda b: max(2, b))
+    out["batched"] = batched_section(oracle.speculator, prompts, 3, 8, True, [1, 4, 16, 64], lambda b: max(2, b))
     first = batched_decode(oracle.speculator, prompts[:2], 3, 8, set(), 2).decoded
     out["batched_tokens_equal_reference"] = [d.output_ids for d in first] == ref
     return out
