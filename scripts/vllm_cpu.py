@@ -46,6 +46,9 @@ HOST = "127.0.0.1"
 # A fixed KV cache: without one the CPU worker reserves 92% of a NUMA node's memory and refuses to
 # start when other processes hold part of it (a shared machine). 1 GiB is plenty for tiny models.
 KV_CACHE_BYTES = 1 << 30
+# Eager PyTorch, no torch.compile: tracing and compiling the target and the head took most of a server's
+# 40-70 s start on 2 cores, and the tiny models here run no faster compiled.
+EAGER = ("--enforce-eager",)
 # pip's words for "the index is not reachable" (as opposed to a failed build). With retries off,
 # pip prints no connection error at all, only "(from versions: none)" for the first package it needs.
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
@@ -145,7 +148,7 @@ def server_command(target: Path, port: int, draft: Path | None = None,
     """The api_server command line; `speculative` keys are added to {method: eagle3, model: draft}."""
     cmd = [str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(target.resolve()), "--host", HOST, "--port", str(port), "--dtype", "float32",
-           "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
+           "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), *EAGER]
     if draft is not None or speculative:
         spec = {"method": "eagle3", **({"model": str(draft.resolve())} if draft is not None else {}),
                 **(speculative or {})}
