@@ -9,8 +9,8 @@ Contract:
   A registry that cannot be reached is one line: `VllmEnvError`.
 - `serve(target, draft=None, speculative=None, ...)` is a context manager: it starts
   `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` console script fails in this build)
-  on 127.0.0.1 at a free port, `--dtype float32`, output to a log file; waits until `/health` answers
-  (bounded; fails early with the log tail if the process dies); yields a `Server` (`url`, `pid`,
+  on 127.0.0.1 at a free port, `--dtype float32 --enforce-eager`, output to a log file; waits until
+  `/health` answers (bounded; fails early with the log tail if the process dies); yields a `Server` (`url`, `pid`,
   `log_path`); and always stops the server's whole process group, SIGTERM then SIGKILL.
 - Only loopback: the server binds 127.0.0.1 and `VLLM_HOST_IP`/`VLLM_LOOPBACK_IP` keep vLLM's
   internal sockets there too.
@@ -46,9 +46,6 @@ HOST = "127.0.0.1"
 # A fixed KV cache: without one the CPU worker reserves 92% of a NUMA node's memory and refuses to
 # start when other processes hold part of it (a shared machine). 1 GiB is plenty for tiny models.
 KV_CACHE_BYTES = 1 << 30
-# Eager PyTorch, no torch.compile: tracing and compiling the target and the head took most of a server's
-# 40-70 s start on 2 cores, and the tiny models here run no faster compiled.
-EAGER = ("--enforce-eager",)
 # pip's words for "the index is not reachable" (as opposed to a failed build). With retries off,
 # pip prints no connection error at all, only "(from versions: none)" for the first package it needs.
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
@@ -148,7 +145,9 @@ def server_command(target: Path, port: int, draft: Path | None = None,
     """The api_server command line; `speculative` keys are added to {method: eagle3, model: draft}."""
     cmd = [str(venv_python()), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(target.resolve()), "--host", HOST, "--port", str(port), "--dtype", "float32",
-           "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), *EAGER]
+           "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+           # no torch.compile: compiling took 48-63 s of each start on 2 cores; the answers are the same eager
+           "--enforce-eager"]
     if draft is not None or speculative:
         spec = {"method": "eagle3", **({"model": str(draft.resolve())} if draft is not None else {}),
                 **(speculative or {})}
