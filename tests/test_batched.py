@@ -11,7 +11,7 @@ from eagle_eval.settings import Settings
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.models.static_cache import block_visible
 from eagle_eval.speculative.policy import greedy_accept
-from eagle_eval.speculative import graphed
+from eagle_eval.speculative import batched, graphed
 from eagle_eval.speculative.batched import accept_chains, batched_decode
 from eagle_eval.speculative.chain import speculative_decode
 from eagle_eval.speculative.draft import unroll_chains
@@ -116,6 +116,38 @@ def test_capture_fallback_runs_eager_with_a_reason(bundled, monkeypatch):
     assert run.cuda_graphs is False and "\n" not in run.fallback
     assert run.fallback.startswith("CUDA graph capture failed (operation not permitted when stream is capturing)")
     assert_same(ref, run.decoded)
+
+
+@pytest.mark.parametrize("topk,draft_tokens", [(1, None), (3, 8)])
+def test_prefills_are_batched_within_the_token_budget(bundled, monkeypatch, topk, draft_tokens):
+    """All rows are prefilled together at the start (padded to the longest prompt), groups stay within
+    the padded-token budget, and rows that are not adjacent (an index, not a slice: here every group
+    is handed over reversed) prefill into the right rows: the tokens are batch-1's."""
+    oracle, prompts = bundled
+    ref = [speculative_decode(oracle.speculator, p, 3, 24, oracle.eos_ids, topk, draft_tokens) for p in prompts]
+    groups = []
+    admit = batched.admit
+
+    def reversed_admit(spec, rows, capture, group, group_prompts, *args):
+        groups.append((list(group), [len(p) for p in group_prompts]))
+        return admit(spec, rows, capture, group[::-1], group_prompts[::-1], *args)[::-1]
+
+    monkeypatch.setattr(batched, "admit", reversed_admit)
+    assert_same(ref, batched_decode(oracle.speculator, prompts, 3, 24, oracle.eos_ids, 4, topk, draft_tokens).decoded)
+    assert groups[0][0] == [0, 1, 2, 3]                                      # the first fill: one forward
+    assert sum(len(g) for g, _ in groups) == len(prompts)
+    monkeypatch.setattr(batched, "PREFILL_TOKENS", 40)                      # prompts of 10..21 tokens
+    groups.clear()
+    assert_same(ref, batched_decode(oracle.speculator, prompts, 3, 24, oracle.eos_ids, 7, topk, draft_tokens).decoded)
+    assert sorted(len(g) for g, _ in groups) != [7] and sum(len(g) for g, _ in groups) == len(prompts)
+    assert any(len(g) > 1 for g, _ in groups)
+    assert all(len(g) == 1 or len(g) * max(lens) <= 40 for g, lens in groups)
+
+
+def test_prefill_groups_by_hand():
+    assert batched.prefill_groups([100, 3000, 900, 50, 4000, 10], 4096) == [1, 1, 2, 1, 1]
+    assert batched.prefill_groups([10, 50, 900, 1100], 4096) == [3, 1]
+    assert batched.prefill_groups([5000], 4096) == [1] and batched.prefill_groups([], 4096) == []
 
 
 def test_accept_chains_is_greedy_accept_per_row():

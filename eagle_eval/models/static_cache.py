@@ -58,10 +58,10 @@ class RowCache:
         self._slots: torch.Tensor | None = None       # [B', T] slots of the forward in flight
 
     def begin(self, width: int, dtype, intra: torch.Tensor | None = None, depths: torch.Tensor | None = None,
-              rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Open a forward of `width` tokens per row at base = lengths (rows: a slice for a prefill of
-        some rows only). Returns (position ids [B', T] = base + depths (default 0..T-1), additive mask
-        [B', 1, T, capacity] in `dtype`)."""
+              rows: slice | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Open a forward of `width` tokens per row at base = lengths (rows: a slice or a [B'] index
+        tensor, for a prefill of some rows only). Returns (position ids [B', T] = base + depths (default
+        0..T-1), additive mask [B', 1, T, capacity] in `dtype`)."""
         self._rows = rows if rows is not None else slice(None)
         base = self.lengths[self._rows]
         self._slots = block_slots(base, width)
@@ -77,11 +77,9 @@ class RowCache:
             shape = lambda x: (self.batch, x.shape[1], self.capacity, x.shape[3])   # noqa: E731
             self.keys.append(torch.zeros(shape(key), dtype=key.dtype, device=key.device))
             self.values.append(torch.zeros(shape(value), dtype=value.dtype, device=value.device))
-        keys, values = self.keys[layer_idx][self._rows], self.values[layer_idx][self._rows]
         slots = self._slots.to(key.device)           # a layer accelerate placed elsewhere (a no-op otherwise)
-        _write(keys, slots, key)
-        _write(values, slots, value)
-        return keys, values
+        return (_write_rows(self.keys[layer_idx], self._rows, slots, key),
+                _write_rows(self.values[layer_idx], self._rows, slots, value))
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Never needed (the loops pass position ids); the capacity, without a device read."""
@@ -108,18 +106,30 @@ class RowDraftCache:
         self.values: torch.Tensor | None = None
 
     def write(self, k: torch.Tensor, v: torch.Tensor, base: torch.Tensor,
-              rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """k/v [B', kv, T, d] at slots base[b] + t of `rows` -> those rows' whole buffers."""
+              rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k/v [B', kv, T, d] at slots base[b] + t of `rows` (a slice or an index tensor) -> those rows'
+        whole buffers."""
         if self.keys is None:
             self.keys = torch.zeros(self.batch, k.shape[1], self.capacity, k.shape[3], dtype=k.dtype, device=k.device)
             self.values = torch.zeros(self.batch, v.shape[1], self.capacity, v.shape[3], dtype=v.dtype, device=v.device)
-        keys, values = self.keys[rows], self.values[rows]
         slots = block_slots(base, k.shape[2])
-        _write(keys, slots, k)
-        _write(values, slots, v)
-        return keys, values
+        return _write_rows(self.keys, rows, slots, k), _write_rows(self.values, rows, slots, v)
 
 
 def _write(buf: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
     """buf [B, h, L, d] <- x [B, h, T, d] at slots [B, T] (in place; capturable: no host read)."""
     buf.scatter_(2, slots[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3]), x)
+
+
+def _write_rows(buf: torch.Tensor, rows: slice | torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of buf <- x at slots (see `_write`) -> those rows' buffers. A slice writes through a
+    view (capturable); an index tensor (a prefill of rows that are not adjacent) through a copy put back."""
+    if isinstance(rows, slice):
+        part = buf[rows]
+        _write(part, slots, x)
+        return part
+    rows = rows.to(buf.device)
+    part = buf.index_select(0, rows)
+    _write(part, slots, x)
+    buf.index_copy_(0, rows, part)
+    return part

@@ -5,8 +5,9 @@ returns for it alone (tokens, accepted drafts per cycle, emitted tokens per cycl
 to floating-point near-ties: every row computes the same per-token math as the reference loop, only
 batched with other rows. Each row has its own cache length (models/static_cache.py: one length per
 row, rollback = setting it; no holes, no copies for a chain), its own positions and its own accepted
-length; a row whose prompt is finished is refilled with the next prompt (prefill of that row alone)
-before the next cycle. Rows with no prompt left compute garbage that nothing reads and never advance.
+length; a row whose prompt is finished is refilled with the next prompt before the next cycle (the
+rows freed in one cycle, and all rows at the start, are prefilled together: `admit`, `prefill_groups`).
+Rows with no prompt left compute garbage that nothing reads and never advance.
 
 One chain cycle (`chain_cycle`) is device work only, with fixed shapes, so speculative/graphed.py can
 capture it as one CUDA graph: S draft steps per row, one verify forward of [B, S+1], greedy acceptance
@@ -20,6 +21,7 @@ row's accepted path into place (`RowCache.keep`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -42,7 +44,7 @@ class BatchedRun:
     cuda_graphs: bool                      # True when the chain cycle ran as a replayed CUDA graph
     fallback: str | None = None            # why graphs were asked for and not used (one line)
     cycles: int = 0                        # batched cycles run (each one target forward of B rows)
-    prefill_s: float = 0.0                 # wall time spent admitting prompts (prefill, one row at a time)
+    prefill_s: float = 0.0                 # wall time spent admitting prompts (prefills)
     capture_s: float = 0.0                 # wall time spent capturing the graph (warm-ups included)
 
 
@@ -188,35 +190,68 @@ def new_rows(spec: Speculator, batch: int, capacity: int) -> Rows:
                 active=torch.zeros(batch, dtype=torch.bool, device=device), host_len=[0] * batch)
 
 
-def admit(spec: Speculator, rows: Rows, capture: FeatureCapture, b: int, prompt_ids: list[int],
-          max_new_tokens: int, eos_ids: set[int]) -> tuple[Decoded, bool]:
-    """Prefill row b with a prompt (that row alone) -> (its Decoded so far, whether it needs cycles)."""
+PREFILL_TOKENS = 4096      # padded tokens per prefill forward (one prompt alone may be longer)
+
+
+def admit(spec: Speculator, rows: Rows, capture: FeatureCapture, group: list[int], prompts: list[list[int]],
+          max_new_tokens: int, eos_ids: set[int]) -> list[tuple[Decoded, bool]]:
+    """Prefill rows `group` with `prompts`, one forward for all of them -> per row (its Decoded so far,
+    whether it needs cycles). The prompts are right-padded to the longest (causal: no real token sees
+    a pad); a row's padding lands past its length, where the next forward overwrites it."""
     target, head, device = spec.target, spec.head, spec.draft_device
-    out = Decoded()
-    rows.active[b] = False
+    outs = [Decoded() for _ in prompts]
+    rows.active[group] = False
     if max_new_tokens <= 0:
-        return out, False
-    one = slice(b, b + 1)
-    rows.target_cache.lengths[b] = 0
-    prompt = torch.tensor([prompt_ids], device=device)                             # [1, T]
-    positions, mask = rows.target_cache.begin(len(prompt_ids), target.model.dtype, rows=one)
-    logits = target.forward(prompt, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
-    aux = capture.pop()                                                             # [1, T, k*H_t]
-    first = int(logits[0, -1].argmax())
-    out.output_ids.append(first)
-    if first in eos_ids or max_new_tokens == 1:
-        return out, False
-    nxt = torch.cat([prompt[:, 1:], torch.tensor([[first]], device=device)], dim=1)
-    zero = torch.zeros(1, dtype=torch.long, device=device)
-    last = draft_block(spec, rows.draft_cache, spec.embed(nxt), head.fuse(aux), zero, rows=one)
-    n = len(prompt_ids)
-    rows.target_cache.lengths[b] = n
-    rows.draft_cache.lengths[b] = n
-    rows.host_len[b] = n
-    rows.last_out[b] = last[0, -1:]
-    rows.root[b] = first
-    rows.active[b] = True
-    return out, True
+        return [(out, False) for out in outs]
+    sel = (slice(group[0], group[0] + len(group)) if group == list(range(group[0], group[0] + len(group)))
+           else torch.tensor(group, device=rows.target_cache.device))
+    lens = [len(p) for p in prompts]
+    width = max(lens)
+    last = torch.tensor(lens, device=device) - 1                                    # [G] each row's last token
+    ids = torch.tensor([p + [p[-1]] * (width - len(p)) for p in prompts], device=device)   # [G, T]
+    rows.target_cache.lengths[group] = 0
+    positions, mask = rows.target_cache.begin(width, target.model.dtype, rows=sel)
+    logits = target.forward(ids, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
+    aux = capture.pop()                                                             # [G, T, k*H_t]
+    first = logits[torch.arange(len(group), device=logits.device), last.to(logits.device)].argmax(-1).to(device)
+    alive = [True] * len(group)
+    for i, (out, token) in enumerate(zip(outs, first.tolist())):
+        out.output_ids.append(token)
+        alive[i] = not (token in eos_ids or max_new_tokens == 1)
+    if not any(alive):
+        return list(zip(outs, alive))
+    nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1).scatter(1, last[:, None], first[:, None])
+    zero = torch.zeros(len(group), dtype=torch.long, device=device)
+    out = draft_block(spec, rows.draft_cache, spec.embed(nxt), head.fuse(aux), zero, rows=sel)
+    picked = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))       # [G, 1, H]
+    for i, b in enumerate(group):
+        if alive[i]:
+            rows.target_cache.lengths[b] = lens[i]
+            rows.draft_cache.lengths[b] = lens[i]
+            rows.host_len[b] = lens[i]
+            rows.last_out[b] = picked[i]
+            rows.root[b] = first[i]
+            rows.active[b] = True
+    return list(zip(outs, alive))
+
+
+def prefill_groups(lengths: list[int], budget: int | None = None) -> list[int]:
+    """Group sizes for prompts of these lengths, in order: each group's rows x longest prompt stays
+    within the budget (a prompt longer than it goes alone).
+
+    >>> prefill_groups([100, 3000, 900, 50, 4000, 10])
+    [1, 1, 2, 1, 1]
+    >>> prefill_groups([10, 50, 900, 1100])
+    [3, 1]
+    """
+    budget = PREFILL_TOKENS if budget is None else budget
+    sizes, n, width = [], 0, 0
+    for length in lengths:
+        if n and (n + 1) * max(width, length) > budget:
+            sizes.append(n)
+            n, width = 0, 0
+        n, width = n + 1, max(width, length)
+    return sizes + [n] if n else sizes
 
 
 def capacity_for(prompts: list[list[int]], max_new_tokens: int, num_steps: int, num_draft_tokens: int) -> int:
@@ -244,19 +279,32 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
     held: list[int | None] = [None] * batch           # the prompt each row holds
     queue = iter(range(len(prompts)))
     with FeatureCapture(spec.target.layers, spec.aux_hf, spec.draft_device) as capture:
-        def fill(b: int) -> None:
-            held[b] = None
-            rows.active[b] = False
+        def fill(free: list[int]) -> None:
+            """Give each free row the next prompt that needs cycles (prompts that end at their first
+            token are done in their prefill), the rows' prefills batched (`prefill_groups`)."""
             start = time.perf_counter()
-            for i in queue:
-                results[i], alive = admit(spec, rows, capture, b, prompts[i], max_new_tokens, eos_ids)
-                if alive:
-                    held[b] = i
+            for b in free:
+                held[b] = None
+            rows.active[free] = False
+            while free:
+                taken = sorted(itertools.islice(queue, len(free)), key=lambda i: len(prompts[i]))   # less padding
+                if not taken:
                     break
+                refill, k = [], 0
+                for size in prefill_groups([len(prompts[i]) for i in taken]):
+                    group, idx = free[k:k + size], taken[k:k + size]
+                    k += size
+                    admitted = admit(spec, rows, capture, group, [prompts[i] for i in idx], max_new_tokens, eos_ids)
+                    for b, i, (decoded, alive) in zip(group, idx, admitted):
+                        results[i] = decoded
+                        if alive:
+                            held[b] = i
+                        else:
+                            refill.append(b)
+                free = refill + free[k:]
             run.prefill_s += time.perf_counter() - start
 
-        for b in range(batch):
-            fill(b)
+        fill(list(range(batch)))
         cycle = None
         while any(h is not None for h in held):
             if use_tree:
@@ -271,6 +319,7 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
                 accepted, new = (x.tolist() for x in cycle())
                 per_row = [(n, toks[: n + 1]) for n, toks in zip(accepted, new)]
             run.cycles += 1
+            finished = []
             for b, (n, tokens) in enumerate(per_row):
                 if held[b] is None:
                     continue
@@ -282,5 +331,7 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
                     out.off_top1_per_cycle.append(not t.on_top1_chain(path))
                     out.tree_shape_per_cycle.append([t.depths.count(k) for k in range(1, max(t.depths) + 1)])
                 if emit(out, tokens, max_new_tokens, eos_ids):
-                    fill(b)
+                    finished.append(b)
+            if finished:
+                fill(finished)
     return run
