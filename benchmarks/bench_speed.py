@@ -13,8 +13,10 @@ Per shape:
             the graphed tokens equal the eager batched ones and where the reference loop's part (bf16)
   batched   tokens/s of batched_decode for B = 1, 4, 16, 64 (graphs where they can be captured), with
             the time spent in prefill apart
+  prefill   B = 64 over the same prompts, the rows prefilled one at a time against together (the
+            default padded-token budget), side by side: prefill seconds, tokens/s, equal tokens
   split     (--split-cpu-layers N, DeepSeek shape) the last N decoder layers on the CPU through
-            accelerate, B = 1, 4, 16: what batching buys when part of the target is slow
+            accelerate, B = 1, 4, 16, 64: what batching buys when part of the target is slow
   --profiler  a torch.profiler table of the profile step, before and after, into the log
 
     python benchmarks/bench_speed.py                      # one H200: every figure, both shapes
@@ -198,6 +200,34 @@ def batched_section(spec, prompts, num_steps, new, graphs, sizes, prompts_for):
     return out
 
 
+def prefill_section(spec, prompts, num_steps, new, graphs, b):
+    """B rows admitted one at a time (the loop before batched prefills: a budget of 1 token makes every
+    prefill group one row) against together (the default budget), side by side: the same B prompts."""
+    from eagle_eval.speculative import batched
+
+    out, tokens, default = {}, {}, batched.PREFILL_TOKENS
+    for label, budget in (("one_row_at_a_time", 1), ("batched", default)):
+        batched.PREFILL_TOKENS = budget
+        try:
+            box = []
+            t = timed(lambda: box.append(batched_decode(spec, prompts[:b], num_steps, new, set(), b, cuda_graphs=graphs)),
+                      reps=1)
+        finally:
+            batched.PREFILL_TOKENS = default
+        r = box[-1]
+        tokens[label] = [d.output_ids for d in r.decoded]
+        n = sum(len(x) for x in tokens[label])
+        out[label] = {"prefill_budget_tokens": budget, "prefill_s": r.prefill_s, "seconds": t, "tokens_per_s": n / t}
+    out["B"] = b
+    out["prefill_speedup"] = out["one_row_at_a_time"]["prefill_s"] / out["batched"]["prefill_s"]
+    out["tokens_per_s_ratio"] = out["batched"]["tokens_per_s"] / out["one_row_at_a_time"]["tokens_per_s"]
+    out["tokens_equal"] = tokens["batched"] == tokens["one_row_at_a_time"]
+    out["first_differing_prompt"] = next((i for i, (x, y) in enumerate(zip(tokens["batched"], tokens["one_row_at_a_time"]))
+                                          if x != y), None)
+    print(json.dumps({"prefill": out}), flush=True)
+    return out
+
+
 def shape_sections(name, oracle, args, deadline):
     spec = oracle.speculator
     gpu = torch.cuda.is_available() and not args.tiny
@@ -222,6 +252,10 @@ def shape_sections(name, oracle, args, deadline):
                                          lambda b: min(64, max(4, 2 * b)) if not args.tiny else 4)
     else:
         res["batched"] = "skipped: past --deadline"
+    if time.time() < deadline:
+        res["prefill"] = prefill_section(spec, prompts, s, new, gpu, 64 if not args.tiny else 4)
+    else:
+        res["prefill"] = "skipped: past --deadline"
     return res
 
 
@@ -275,6 +309,12 @@ def table(results) -> str:
                 rows.append(f"[{name}] batched B={b:<3} {x['tokens_per_s']:>8.0f} tokens/s "
                             f"({x['decode_tokens_per_s']:.0f} without prefill and capture), "
                             f"{x['ms_per_cycle']:.1f} ms/cycle, graphs {x['cuda_graphs']}")
+        if isinstance(r.get("prefill"), dict):
+            x = r["prefill"]
+            rows.append(f"[{name}] B={x['B']} prefill one row at a time {x['one_row_at_a_time']['prefill_s']:.2f} s, "
+                        f"batched {x['batched']['prefill_s']:.2f} s ({x['prefill_speedup']:.1f}x); tokens/s "
+                        f"{x['one_row_at_a_time']['tokens_per_s']:.0f} -> {x['batched']['tokens_per_s']:.0f} "
+                        f"({x['tokens_per_s_ratio']:.2f}x); tokens equal: {x['tokens_equal']}")
     sp = results.get("split")
     if isinstance(sp, dict):
         for b, x in sp["batched"].items():

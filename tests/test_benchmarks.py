@@ -80,7 +80,8 @@ def test_deepseek_benchmark_fp8_copy_holds_fp8_and_its_loop_is_lossless():
 def test_speed_benchmark_runs_tiny_and_its_comparisons_hold(tmp_path):
     """bench_speed.py on the CPU, tiny DeepSeek-V3 shapes in fp32, the CPU-layer split included:
     the profile's survivor drafting gives the dense unroll's run lengths, the batched loop the reference
-    loop's tokens, and the MoE target's graphs are refused with their reason."""
+    loop's tokens, batched prefills the one-row-at-a-time ones, and the MoE target's graphs are refused
+    with their reason."""
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_speed.py"), "--tiny", "--shapes", "deepseek",
            "--split-cpu-layers", "1", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
@@ -88,6 +89,8 @@ def test_speed_benchmark_runs_tiny_and_its_comparisons_hold(tmp_path):
     assert res["profile"]["run_lengths_equal_before"] is True
     assert res["loop"]["graphed_tokens_equal_eager"] and res["loop"]["batched_tokens_equal_reference"]
     assert "experts" in res["capture_blocker"] and set(res["batched"]) == {"1", "4"}
+    pre = res["prefill"]                                     # one row at a time against together, same prompts
+    assert pre["tokens_equal"] is True and pre["one_row_at_a_time"]["prefill_budget_tokens"] == 1
     split = json.loads((tmp_path / "bench_speed.json").read_text())["split"]
     assert split["cpu_layers"] == [3] and split["batched_tokens_equal_reference"] is True
 
