@@ -9,7 +9,8 @@ Times, each the median of --reps runs after a warm-up, on one loaded oracle:
   given responses   the same with the continuations given (greedy: the greedy ones; T > 0: the sampled ones,
                     taken as they are): no generation (greedy: re-profiled where bf16 near-ties move the argmax)
   pass only         the batch function alone on the same batches: the teacher-forced pass, the drafting and
-                    the expectations, nothing else
+                    the expectations, nothing else (chains only)
+--topk K --num-draft-tokens D: trees (SGLang's rule unless --accept-rule says another), the bundled pair.
 and the ratio T > 0 / greedy of each (the bound asked for: <= 1.3). The T > 0 profile reads p on the
 continuation where the drafts follow it and runs the other drafts as branch tokens over the pass's cache:
 `branch_tokens_per_start` says how many it ran. With random weights no draft follows a sampled
@@ -81,24 +82,28 @@ def pass_only(oracle, sampled, g, s, args) -> tuple[float, float]:
 def run(oracle, prompts, args) -> dict:
     opts = ProfileOptions(max_steps=args.max_steps, batch_tokens=args.batch_tokens,
                           expectation_floor=args.expectation_floor)
-    sampled = oracle.with_(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    sampled = oracle.with_(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                           accept_rule=args.accept_rule or ("sglang" if args.topk > 1 else "vllm"))
     t_greedy, g = timed(lambda: profile_prompts(oracle, prompts, opts), args.reps)
     t_sampled, s = timed(lambda: profile_prompts(sampled, prompts, opts), args.reps)
     g_conts = [p.continuation for p in g.profiled]
     s_conts = [p.continuation for p in s.profiled]
     t_greedy_r, _ = timed(lambda: profile_prompts(oracle, prompts, opts, g_conts), args.reps)
     t_sampled_r, s_r = timed(lambda: profile_prompts(sampled, prompts, opts, s_conts), args.reps)
-    t_pass_g, t_pass_s = pass_only(oracle, sampled, g, s, args)
+    tree = oracle.resolved.topk > 1
+    t_pass_g, t_pass_s = (None, None) if tree else pass_only(oracle, sampled, g, s, args)
     key = str(args.max_steps)
     return {
         "prompts": len(prompts), "max_new_tokens": oracle.settings.workload.max_new_tokens,
         "max_steps": args.max_steps, "expectation_floor": args.expectation_floor, "temperature": args.temperature,
         "top_p": args.top_p, "top_k": args.top_k,
         "accept_rule": sampled.settings.decoding.accept_rule, "reps": args.reps,
+        "topk": oracle.resolved.topk, "num_draft_tokens": oracle.resolved.num_draft_tokens if tree else None,
         "greedy_s": t_greedy, "sampled_s": t_sampled, "ratio_with_generation": t_sampled / t_greedy,
         "greedy_responses_s": t_greedy_r, "sampled_responses_s": t_sampled_r,
         "ratio_given_responses": t_sampled_r / t_greedy_r,
-        "greedy_pass_s": t_pass_g, "sampled_pass_s": t_pass_s, "ratio_pass_only": t_pass_s / t_pass_g,
+        "greedy_pass_s": t_pass_g, "sampled_pass_s": t_pass_s,
+        "ratio_pass_only": None if tree else t_pass_s / t_pass_g,         # trees: not split out
         "branch_tokens_per_start": branch_tokens_per_start(s.profiled, oracle.settings.workload.max_new_tokens),
         "sequence_tokens": sum(len(p.prompt.input_ids) + len(p.continuation) for p in s.profiled),
         "branch_tokens": sum(p.expected.branch_nodes for p in s.profiled),
@@ -134,11 +139,16 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--topk", type=int, default=1, help="> 1: trees (the bundled pair only)")
+    ap.add_argument("--num-draft-tokens", type=int, default=None, help="trees: verify nodes, root included")
+    ap.add_argument("--accept-rule", default=None, help="default: vllm for chains, sglang for trees")
     ap.add_argument("--batch-tokens", type=int, default=None, help="default 16384 (bundled), 32768 (--random)")
     ap.add_argument("--expectation-floor", type=float, default=ProfileOptions().expectation_floor)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None, help="write bench_sampling_profile.json into this folder")
     args = ap.parse_args()
+    if args.random and args.topk > 1:
+        ap.error("--topk > 1 runs on the bundled pair only (the random shapes are built as chains)")
     if args.random:
         args.max_new_tokens = args.max_new_tokens or 256
         args.batch_tokens = args.batch_tokens or 32768
@@ -147,7 +157,8 @@ def main():
         torch.set_num_threads(1)
         args.max_new_tokens = args.max_new_tokens or 64
         args.batch_tokens = args.batch_tokens or 16384
-        oracle = api.load_oracle(Settings.of(max_new_tokens=args.max_new_tokens))
+        oracle = api.load_oracle(Settings.of(max_new_tokens=args.max_new_tokens, topk=args.topk,
+                                             num_draft_tokens=args.num_draft_tokens))
         prompts = api.checked_workload(oracle).first_prompts
     gpu = args.random and torch.cuda.is_available()
     result = {"device": torch.cuda.get_device_name(0) if gpu else "cpu (1 thread)" if not args.random else "cpu",
@@ -155,9 +166,13 @@ def main():
               "the bundled pair",
               "torch": torch.__version__, **run(oracle, prompts, args)}
     print(json.dumps(result, indent=2))
-    print(f"\nprofile at T = {args.temperature} vs greedy: {result['ratio_with_generation']:.2f}x with generation, "
-          f"{result['ratio_given_responses']:.2f}x with the continuations given, {result['ratio_pass_only']:.2f}x the "
-          f"pass alone ({result['branch_tokens_per_start']:.2f} branch tokens per start)")
+    alone = "" if result["ratio_pass_only"] is None else (
+        f", {result['ratio_pass_only']:.2f}x the pass alone ({result['branch_tokens_per_start']:.2f} branch tokens "
+        f"per start)")
+    shape = f"trees topk {result['topk']}, {result['num_draft_tokens']} nodes, " if result["topk"] > 1 else ""
+    print(f"\nprofile at T = {args.temperature} ({shape}{result['accept_rule']}) vs greedy: "
+          f"{result['ratio_with_generation']:.2f}x with generation, "
+          f"{result['ratio_given_responses']:.2f}x with the continuations given{alone}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench_sampling_profile.json").write_text(json.dumps(result, indent=2))

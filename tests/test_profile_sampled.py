@@ -475,3 +475,22 @@ def test_sampling_benchmark_runs_its_gpu_code_tiny_on_the_cpu(tmp_path):
     result = json.loads((tmp_path / "bench_sampling_profile.json").read_text())
     assert result["same_with_responses"] is True and result["ratio_with_generation"] > 0
     assert 0 < result["branch_tokens"] <= result["prompts"] * 10 * 3          # at most max_steps - 1 per start
+
+
+@pytest.mark.slow
+def test_sampling_benchmark_runs_trees_on_the_bundled_pair(tmp_path):
+    """bench_sampling_profile.py --topk 3: the tree profile at T > 0 against the greedy tree profile; SGLang's
+    rule by default, the resolved tree shape echoed, and the same report with its own continuations given."""
+    import subprocess
+    import sys
+
+    from eagle_eval.settings import REPO_ROOT
+
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_sampling_profile.py"), "--topk", "3",
+           "--num-draft-tokens", "6", "--max-steps", "3", "--max-new-tokens", "8", "--reps", "1", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    result = json.loads((tmp_path / "bench_sampling_profile.json").read_text())
+    assert (result["topk"], result["num_draft_tokens"], result["accept_rule"]) == (3, 6, "sglang")
+    assert result["same_with_responses"] is True and result["ratio_with_generation"] > 0
+    assert result["ratio_pass_only"] is None
+    assert 1 <= result["sampled_expected_along"] <= 4                       # at most max_steps + 1 per step
