@@ -58,6 +58,8 @@ def group_scenarios(out_path: str) -> None:
     from eagle_eval.parallel.group import ParallelError, PeerError
     from eagle_eval.parallel.work_queue import distribute
 
+    threads = lambda: len(os.listdir("/proc/self/task"))           # this process's OS threads
+    before = threads()
     g = parallel.init()
     seen = {}
     # the queue: item i takes i % 3 * 20 ms, its result is (i * i, the rank that worked on it)
@@ -84,6 +86,9 @@ def group_scenarios(out_path: str) -> None:
     if g.is_main:
         with open(out_path, "w") as f:
             json.dump(every, f)
+    # what runs at exit: every thread the groups started is gone before the interpreter finalises
+    parallel._leave()
+    Path(f"{out_path}.threads.{g.rank}").write_text(json.dumps({"before": before, "after": threads()}))
 
 
 def main() -> None:

@@ -182,6 +182,11 @@ def test_group_operations_over_three_processes(tmp_path):
     assert {r for _, r in every[0]["map_shards"]} == {0, 1, 2}
     assert every[0]["on_main"] == "ValueError: the folder is busy"
     assert every[1]["on_main"] == every[2]["on_main"] == "PeerError: rank 0 stopped the run: the folder is busy"
+    # at exit (group._leave) each process is back to the threads it had before it joined: no gloo
+    # thread is left for the interpreter's finalisation, where they abort a process now and then
+    for rank in range(3):
+        counts = json.loads((tmp_path / f"out.json.threads.{rank}").read_text())
+        assert counts["after"] == counts["before"], (rank, counts)
 
 
 def _bare(report: dict) -> dict:
