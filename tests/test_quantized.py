@@ -137,11 +137,14 @@ def test_held_fp8_without_the_kernel_fails_in_transformers_and_runs_dequantized(
     assert {"FP8Linear", "float8_e4m3fn"} <= {type(m).__name__ for m in plain.modules()} | {
         str(p.dtype).removeprefix("torch.") for p in plain.parameters()}
     ids = torch.randint(5, 90, (2, 9), generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ImportError, match="kernel"):
-        plain(ids)                                      # the failure seen on the GPU machine
+    # the failure an offline machine sees: ImportError (the GPU machine, transformers 5.17), or
+    # ValueError (kernels 0.19.1 here: its publisher-trust check needs the Hub)
+    with pytest.raises((ImportError, ValueError), match="[Kk]ernel") as failed:
+        plain(ids)
     held, _ = load_target(str(built["fp8"]), dtype="fp32", device_map="cpu")
     info = held.info.quantization
-    assert info["fp8_matmul"]["matmul"] == "dequantize" and "ImportError" in info["fp8_matmul"]["kernel"]
+    assert info["fp8_matmul"]["matmul"] == "dequantize"
+    assert info["fp8_matmul"]["kernel"].startswith(f"{failed.type.__name__}: ")      # the same failure, named
     assert info["held_quantized_modules"] == 26 and "kept fp8; eagle-eval's dequantizing matmul" in info["summary"]
     one_byte = sorted(n for n, p in held.model.named_parameters() if p.dtype == torch.float8_e4m3fn)
     assert len(one_byte) == 24 + 2 * 2 and "model.layers.1.mlp.experts.gate_up_proj" in one_byte   # still FP8
@@ -176,7 +179,8 @@ def test_held_fp8_loop_equals_its_generate_and_profile_equals_loop(built, gpu_wi
 def test_fp8_kernel_mode_refused_where_the_kernel_cannot_load(built, gpu_without_fp8_kernels):
     from eagle_eval.models.quant.fp8 import Fp8MatmulError
 
-    with pytest.raises(Fp8MatmulError, match="--fp8-matmul kernel: .*ImportError.*use --fp8-matmul dequantize"):
+    with pytest.raises(Fp8MatmulError, match="--fp8-matmul kernel: transformers' FP8 kernel cannot run here: "
+                       "(ImportError|ValueError): .*use --fp8-matmul dequantize"):
         load_target(str(built["fp8"]), dtype="fp32", device_map="cpu", fp8_matmul="kernel")
 
 

@@ -5,7 +5,8 @@ transformers loads a DeepSeek-V3 / Kimi-K2 native FP8 checkpoint on a GPU as `FP
 (`transformers/integrations/finegrained_fp8.py`). Their forward calls a Triton kernel that
 transformers fetches at the first forward through the `kernels` package from the Hub
 (`kernels-community/finegrained-fp8`); on a machine without the package or without the Hub the
-first forward raises ImportError. On the CPU transformers instead dequantizes every weight at load.
+first forward raises: ImportError (seen on the GPU machine), or ValueError from kernels 0.19.1,
+whose publisher-trust check asks the Hub before it loads a kernel. On the CPU transformers instead dequantizes every weight at load.
 
 Contract:
 - `held_fp8_modules(model)` -> (linears, experts): the FP8Linear / FP8Experts modules whose weights
@@ -61,7 +62,7 @@ def kernel_status() -> tuple[bool, str]:
         return False, f"transformers has no fine-grained FP8 kernel loader ({exc})"
     try:
         load_finegrained_fp8_kernel()
-    except Exception as exc:            # ImportError offline; the loader may raise others (hub, CUDA)
+    except Exception as exc:            # ImportError / ValueError (kernels' trust check) offline; others (hub, CUDA)
         return False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return True, "transformers' fine-grained FP8 kernel (kernels-community/finegrained-fp8) loaded"
 
