@@ -198,18 +198,24 @@ class Oracle:
 
     def limits(self, extra: int | None = None) -> tuple[int, int | None, int, str]:
         """(vocab size, max positions, positions a decode adds past the prompt, what sets the maximum)
-        for check_prompts. A decode (`extra` None) of a target with sliding-window KV layers stays
-        below the window: such a layer cannot be rolled back once full (Target.rollback)."""
+        for check_prompts: the least of max_position_embeddings, a longrope target's switch (every pass,
+        `profile`'s included: Target.longrope_switch) and, for a decode (`extra` None) of a target with
+        sliding-window KV layers, the window less one: such a layer cannot be rolled back once full
+        (Target.rollback)."""
         info, r = self.speculator.target.info, self.resolved
         max_new = self.settings.workload.max_new_tokens
         verify = max(r.num_steps, r.num_draft_tokens)     # positions one verify adds
+        bounds = [(info.max_positions, "max_position_embeddings")] if info.max_positions is not None else []
+        if info.rope_switch is not None:
+            bounds.append((info.rope_switch, f"longrope's original_max_position_embeddings {info.rope_switch}: past "
+                           "it transformers switches a whole forward to the long factors, so a verify, a batch or a "
+                           "teacher-forced pass would rotate by other frequencies than plain decoding"))
         window = info.sliding_window if extra is None else None
-        if window is not None and (info.max_positions is None or window - 1 < info.max_positions):
-            bound = (f"sliding window {window}, less one: the loop cannot roll back a full sliding-window KV layer; "
-                     "`profile` has no such limit")
-            return info.vocab_size, window - 1, max_new + verify + 1, bound
-        return (info.vocab_size, info.max_positions, max_new + verify + 1 if extra is None else extra,
-                "max_position_embeddings")
+        if window is not None:
+            bounds.append((window - 1, f"sliding window {window}, less one: the loop cannot roll back a full "
+                           "sliding-window KV layer; `profile` has no such limit"))
+        positions, bound = min(bounds, key=lambda b: b[0]) if bounds else (None, "max_position_embeddings")
+        return info.vocab_size, positions, max_new + verify + 1 if extra is None else extra, bound
 
     def decode(self, prompt: Prompt, check_lossless: bool = False, sample: int = 0) -> SampleRecord:
         """The reference loop on one prompt; at temperature > 0 every draw comes from the stream of (seed, prompt

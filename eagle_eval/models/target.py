@@ -127,6 +127,22 @@ class TargetInfo:
     decoder: str = "model.model.layers"   # where the text decoder layers are (models/text_decoder.py)
     text_architecture: str | None = None  # the text config's model_type when it is not the model's own
     sliding_window: int | None = None     # the smallest sliding window among the KV cache's layers
+    rope_switch: int | None = None        # longrope's original_max_position_embeddings (longrope_switch)
+
+
+def longrope_switch(cfg) -> int | None:
+    """The position past which a longrope target's frequencies change, or None: transformers'
+    `dynamic_rope_update` gives every position of a forward the long factors once the forward's largest
+    position passes `original_max_position_embeddings`, the short ones otherwise. Past it a verify (drafts
+    ahead of the accepted text), a batch (another row's positions) or a teacher-forced pass picks other
+    frequencies than plain decoding does. ("dynamic" RoPE changes only past max_position_embeddings, a
+    bound already kept.) Per-layer-type parameters (a dict of dicts) give their smallest switch."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    sets = list(params.values()) if params and all(isinstance(v, dict) for v in params.values()) else [params]
+    switches = [p.get("original_max_position_embeddings", getattr(cfg, "original_max_position_embeddings", None))
+                for p in sets if isinstance(p, dict) and p.get("rope_type") == "longrope"]
+    switches = [int(n) for n in switches if n is not None]
+    return min(switches) if switches else None
 
 
 class Target:
@@ -157,7 +173,7 @@ class Target:
             devices=placed_devices(model),
             max_positions=getattr(cfg, "max_position_embeddings", None), decoder=f"{text.path}.layers",
             text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None,
-            sliding_window=min(windows) if windows else None)
+            sliding_window=min(windows) if windows else None, rope_switch=longrope_switch(cfg))
 
     def new_cache(self):
         from transformers import DynamicCache
