@@ -14,9 +14,9 @@ from eagle_eval.speculative.policy import greedy_accept
 from eagle_eval.speculative import batched, graphed
 from eagle_eval.speculative.batched import accept_chains, batched_decode
 from eagle_eval.speculative.chain import speculative_decode
-from eagle_eval.speculative.draft import unroll_chains
+from eagle_eval.speculative.draft import free_running, unroll_chains
 from eagle_eval.speculative.profile import greedy_continuations, run_lengths_from_predictions
-from eagle_eval.speculative.run_lengths import chain_run_lengths
+from eagle_eval.speculative.run_lengths import SparseChains, chain_run_lengths
 from eagle_eval.workload.conversations import load_workload
 
 
@@ -167,14 +167,8 @@ def test_block_visibility_by_hand():
     assert vis == [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0]]
 
 
-@pytest.mark.parametrize("position_offset", [0, 1])
-def test_survivor_run_lengths_equal_the_dense_unroll(bundled, position_offset):
-    """chain_run_lengths (draft steps for surviving chains only) = run lengths of the dense all-starts
-    unroll, on greedy continuations (long runs) of rows of different lengths (right padding)."""
-    oracle, prompts = bundled
-    spec = oracle.speculator
-    conts = greedy_continuations(spec, prompts, 30, 0, 1 << 30)
-    seqs = [p + c[: 12 + 3 * i] for i, (p, c) in enumerate(zip(prompts, conts))]
+def pair_features(spec, seqs):
+    """Right-padded ids [B, W] of seqs, the target features of x_0..x_{W-2} and the embeddings of x_1..x_{W-1}."""
     width = max(map(len, seqs))
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -183,7 +177,18 @@ def test_survivor_run_lengths_equal_the_dense_unroll(bundled, position_offset):
     with FeatureCapture(spec.target.layers, spec.aux_hf, spec.draft_device) as cap:
         spec.target.forward(ids, None, attention_mask=mask)
         aux = cap.pop()[:, :-1]
-    embeds = spec.embed(ids[:, 1:])
+    return ids, aux, spec.embed(ids[:, 1:])
+
+
+@pytest.mark.parametrize("position_offset", [0, 1])
+def test_survivor_run_lengths_equal_the_dense_unroll(bundled, position_offset):
+    """chain_run_lengths (draft steps for surviving chains only) = run lengths of the dense all-starts
+    unroll, on greedy continuations (long runs) of rows of different lengths (right padding)."""
+    oracle, prompts = bundled
+    spec = oracle.speculator
+    conts = greedy_continuations(spec, prompts, 30, 0, 1 << 30)
+    seqs = [p + c[: 12 + 3 * i] for i, (p, c) in enumerate(zip(prompts, conts))]
+    ids, aux, embeds = pair_features(spec, seqs)
     for steps in (1, 3, 8):
         dense = torch.stack(unroll_chains(spec.head, aux, embeds, steps, position_offset, argmax_only=True), dim=1)
         runs = chain_run_lengths(spec.head, aux, embeds, ids, torch.tensor([len(s) for s in seqs]), steps,
@@ -193,6 +198,41 @@ def test_survivor_run_lengths_equal_the_dense_unroll(bundled, position_offset):
             assert runs[r, : len(s) - 1].tolist() == expected.tolist()
         if steps == 8:
             assert runs.max() >= 4                                   # long chains survived several steps
+
+
+@pytest.mark.parametrize("position_offset", [0, 1])
+def test_sparse_free_running_chains_equal_the_dense_unroll(bundled, position_offset):
+    """SparseChains stepping chains from their own drafts (the loop's chain past a wrong draft) = the dense
+    all-starts unroll with `free_running`, at every chain when all run, and at the chains asked for when a
+    step runs only some (each chain run at step j ran at every step before it, in any order of calls)."""
+    oracle, prompts = bundled
+    spec = oracle.speculator
+    seqs = [p + [5 + i, 9, 11 + i] for i, p in enumerate(prompts)]            # not the greedy text: chains leave it
+    ids, aux, embeds = pair_features(spec, seqs)
+    steps = 6
+    dense = torch.stack(unroll_chains(spec.head, aux, embeds, steps, position_offset, argmax_only=True,
+                                      feed=free_running(spec.head, spec.embed)), dim=1)       # [B, K, T]
+    b, t = ids.shape[0], ids.shape[1] - 1
+    gen = torch.Generator().manual_seed(0)
+    chosen = torch.rand(b, t, generator=gen) < 0.4                 # the chains the second drafter follows
+    every, some = (SparseChains(spec.head, aux, embeds, position_offset) for _ in range(2))
+    assert torch.equal(every.first, dense[:, 0]) and torch.equal(some.first, dense[:, 0])
+    drafts = {0: dense[:, 0]}
+    for j in range(1, steps):
+        bi, qi = (torch.arange(t)[None] >= j).expand(b, t).nonzero(as_tuple=True)
+        got = every.step(j, bi, qi, spec.embed(drafts[j - 1][bi, qi - 1][None])[0])
+        assert got.tolist() == dense[bi, j, qi].tolist(), j
+        drafts[j] = torch.zeros_like(dense[:, 0])
+        drafts[j][bi, qi] = got
+    checked = 0
+    for j in range(1, steps):                                       # chains started at q - j, where chosen
+        bi, qi = (torch.arange(t)[None] >= j).expand(b, t).nonzero(as_tuple=True)
+        bi, qi = bi[chosen[bi, qi - j]], qi[chosen[bi, qi - j]]
+        for half in (qi % 2 == 1, qi % 2 == 0):                     # step j in two calls
+            got = some.step(j, bi[half], qi[half], spec.embed(dense[bi[half], j - 1, qi[half] - 1][None])[0])
+            assert got.tolist() == dense[bi[half], j, qi[half]].tolist(), j
+            checked += int(half.sum())
+    assert checked > 100
 
 
 def test_run_with_batch_size_equals_batch_one(tmp_path):
