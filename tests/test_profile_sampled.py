@@ -141,6 +141,39 @@ def test_per_start_chain_rows_recomputed_without_the_cache(oracle, prompts, tmp_
     assert checked == 20 and off >= 5
 
 
+def test_branch_nodes_shared_between_starts_read_what_their_own_would(oracle, monkeypatch):
+    """A start that leaves the continuation where an earlier start did, with the same drafts, reads that start's
+    branch node instead of running its own: the same expectations as when every chain runs its own nodes (up
+    to float rounding), with fewer target tokens."""
+    from eagle_eval.speculative import profile_sampled
+
+    opts, dec = ProfileOptions(max_steps=6, expectation_floor=0.0), dict(temperature=1.5, accept_rule="vllm")
+    shared = profile(oracle, opts, **dec)
+    monkeypatch.setattr(profile_sampled._Known, "lookup",
+                        lambda self, *keys: (torch.zeros(keys[0].shape, dtype=torch.float64),
+                                             torch.full(keys[0].shape, -1, dtype=torch.long)))
+    own = profile(oracle, opts, **dec)
+    flat = [[x for r in res.per_start for x in r["p_accept_at_least"]] for res in (shared, own)]
+    assert len(flat[0]) == len(flat[1]) and flat[0] == pytest.approx(flat[1], abs=1e-6)
+    ran = [sum(p.expected.branch_nodes for p in res.profiled) for res in (shared, own)]
+    assert 0 < ran[0] < 0.95 * ran[1], ran
+
+
+def test_chains_at_one_level_share_a_node_and_ask_each_token_once():
+    """Four chains of two rows: two reach the same node (row 0, context 5, no parent, token 7) asking 3 and 4,
+    one asks 3 again there, one is under another parent; row 1's node has the same key but its own row."""
+    from eagle_eval.speculative.profile_sampled import _shared_nodes
+
+    t = lambda *x: torch.tensor(x)
+    branches, slot, ask_slot = _shared_nodes(2, bb=t(0, 0, 0, 0, 1), token=t(7, 7, 7, 7, 7),
+                                             position=t(6, 6, 6, 6, 6), context_end=t(5, 5, 5, 5, 5),
+                                             parent=t(-1, -1, -1, 2, -1), ask=t(3, 4, 3, 3, 3))
+    assert branches.tokens.tolist() == [[7, 7], [7, 0]]
+    assert branches.parents.tolist() == [[-1, 2], [-1, -1]] and branches.context_end.tolist() == [[5, 5], [5, -1]]
+    assert branches.asked.tolist() == [[[3, 4], [3, -1]], [[3, -1], [-1, -1]]]
+    assert slot.tolist() == [0, 0, 0, 1, 0] and ask_slot.tolist() == [0, 1, 0, 0, 0]
+
+
 def tree_at_least(tree, p, decoding, s):
     """P(depth >= d) by each rule's loop, computed exactly: SGLang's one coin integrated over [0, 1) on a grid
     (test_expected's literal kernel loop); EAGLE's rejections one sibling after another, the vocab vector

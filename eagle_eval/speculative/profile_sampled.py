@@ -5,10 +5,11 @@ Contract: for each prompt + continuation (sampled here from `sampling.target_pro
 generator, or given), ONE target forward over the sequence gives the aux features, the target's rows on
 the continuation and its KV cache. Start t >= 1 (docs/sampling.md) is the context prompt + the first t
 continuation tokens, the t-th being the root; its drafts are what the head proposes there (the loop's
-drafts: the chain continues from its own drafts, `draft.free_running`; trees from `draft.unroll_trees`,
-which is exact). For a one-hot rule, P(A >= i) of start t is a product of p(draft) along the drafts
-(speculative/expected.py); each p is read from the pass's own row where the drafts so far follow the
-continuation, else from `branches.branch_probs` (the left drafts run as extra query tokens over the cache).
+drafts: past a wrong draft the chain continues from its own drafts, `run_lengths.SparseChains` running a
+step only where its draft can count; trees from `draft.unroll_trees`, which is exact). For a one-hot rule,
+P(A >= i) of start t is a product of p(draft) along the drafts (speculative/expected.py); each p is read
+from the pass's own row where the drafts so far follow the continuation, else from `branches.BranchCache`
+(the left drafts run as extra query tokens over the cache).
 Every num_steps <= max_steps and every tree shape comes from the same drafts and rows.
 
 The acceptance along the continuation itself (what a server reports, EAGLE3.md section 8: under the
@@ -25,9 +26,9 @@ import torch
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.speculative.branches import BranchCache, Branches, probs_at
 from eagle_eval.speculative.chain import Speculator
-from eagle_eval.speculative.draft import free_running, unroll_chains
 from eagle_eval.speculative.expected import chain_at_least
-from eagle_eval.speculative.profile import Profiled, run_lengths_from_predictions
+from eagle_eval.speculative.profile import Profiled
+from eagle_eval.speculative.run_lengths import SparseChains, rank_in_row
 from eagle_eval.speculative.sampling import prompt_generator, target_probs
 
 
@@ -119,15 +120,10 @@ def profile_batch_sampled(spec: Speculator, items: list, max_steps: int, max_new
     tf = teacher_forced(spec, items, pad_id)
     results = [Profiled(prompt=p, continuation=c, run_lengths=[]) for p, c in items]
     if topk == 1:
-        steps = unroll_chains(spec.head, tf.aux[:, :-1], spec.embed(tf.ids[:, 1:]), max_steps, spec.position_offset,
-                              argmax_only=True, feed=free_running(spec.head, spec.embed))
-        preds = torch.stack(steps, dim=1)                                            # [B, K, W-1]
-        chain, cut, nodes = chain_expectations(spec.target, tf.cache, tf.width, tf.logits, preds, tf.ids, tf.starts,
-                                               tf.lengths, max_steps, max_new_tokens, decoding, chunk_tokens, floor)
+        chain, cut, nodes, runs = chain_expectations(spec, tf, max_steps, max_new_tokens, decoding, chunk_tokens,
+                                                     floor)
         for row, res in enumerate(results):
-            t, n = tf.starts[row], tf.lengths[row]
-            r = run_lengths_from_predictions(preds[row, :, : n - 1], tf.ids[row, :n])
-            res.run_lengths = r[t - 1: t - 1 + max_new_tokens].tolist()
+            res.run_lengths = runs[row].tolist()
             res.expected = Expected(chain=chain[row], cut=cut[row], branch_nodes=int(nodes[row]))
         return results
     from eagle_eval.speculative.expected_trees import tree_expectations
@@ -153,88 +149,148 @@ def profile_batch_rollouts(spec: Speculator, items: list, keys: list, max_steps:
             for i, (p, c) in enumerate(items)]
 
 
-def chain_expectations(target, cache, width: int, logits: torch.Tensor, preds: torch.Tensor, ids: torch.Tensor,
-                       starts: list[int], lengths: list[int], k_max: int, max_new: int, decoding,
-                       chunk_tokens: int, floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def chain_expectations(spec: Speculator, tf: _Pass, k_max: int, max_new: int, decoding, chunk_tokens: int,
+                       floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(P(A >= i) [B, max_new, K] float64 of the chain from each start, the P(A >= i) at which each start's
-    chain was cut [B, max_new] (0 = not cut), branch nodes run per row [B]), the drafts being the loop's
-    (preds [B, K, W-1]).
+    chain was cut [B, max_new] (0 = not cut), branch nodes run per row [B], run lengths [B, max_new]: the
+    leading drafts the continuation holds), the drafts being the loop's.
 
-    Start k of row b: start pair p = T_b - 1 + k, root at p + 1, draft i = preds[b, i-1, p+i-1] at position
-    p + 1 + i. p_i(d_i) is the row's own at position p + i while d_1..d_{i-1} follow the continuation (the
-    first m drafts do, m = the run length); past it the chain runs as branch nodes over the cache, one level
-    (one more draft per chain) per forward, each chain only while its P(A >= i) so far is > 0 and >= floor
-    (below it, the deeper P(A >= j) are left 0: each too low by less than the floor)."""
-    b = preds.shape[0]
-    device = preds.device
+    Start k of row b: start pair p = T_b - 1 + k, root at p + 1; its draft d_i (step i - 1 of
+    `run_lengths.SparseChains`, at column p + i - 1) sits at position p + 1 + i. Two phases, each running a
+    draft step only where its draft can count:
+    1. on the continuation: the steps of the chains whose drafts so far equal the continuation (teacher-
+       forced, the greedy profile's survivors). This gives the run length m and d_1..d_{m+1}, whose p_i(d_i)
+       are the pass's own rows at position p + i (read for every start at once).
+    2. off it: past the first wrong draft the chain continues from its own drafts (the loop's chain), one
+       step per level, and each left draft d_j runs as a branch node over the pass's cache (context: the
+       sequence to p + 1 + m, then the chain's earlier branch nodes), read at d_{j+1}; a chain goes on only
+       while its P(A >= j + 1) is > 0 and >= floor (below it, the deeper P(A >= j) are left 0: each too low by
+       less than the floor). Chains of a row that reach the same context with the same token share one node
+       (the target's p depends on the tokens alone)."""
+    head, target = spec.head, spec.target
+    b, width = tf.ids.shape
+    device = tf.ids.device
+    embeds = spec.embed(tf.ids[:, 1:])                                              # x_1..x_{W-1}
+    drafter = SparseChains(head, tf.aux[:, :-1], embeds, spec.position_offset)
     k_idx = torch.arange(max_new, device=device)
     i_idx = torch.arange(1, k_max + 1, device=device)
-    drafts = torch.full((b, max_new, k_max), -1, dtype=torch.long, device=device)   # d_i of start k
-    truth = torch.full_like(drafts, -1)                                             # the continuation there
-    on = torch.zeros(b, max_new, k_max, dtype=torch.float64, device=device)
+    pairs = torch.tensor(tf.starts, device=device)[:, None] - 1 + k_idx[None]        # [B, P] start pair p
+    lengths = torch.tensor(tf.lengths, device=device)
+    at = pairs[..., None] + 1 + i_idx                                               # [B, P, K] position of d_i
+    truth = torch.where(at < lengths[:, None, None], tf.ids.gather(1, at.clamp(max=width - 1).flatten(1))
+                        .view(at.shape), torch.full_like(at, -1))                  # the continuation there
+    drafts = torch.full((b, max_new, k_max), -1, dtype=torch.long, device=device)   # d_i of start k (-1: not run)
+    drafts[..., 0] = drafter.first.gather(1, pairs.clamp(max=width - 2))
+
+    # 1. on the continuation
+    on = (drafts[..., 0] == truth[..., 0]) & (truth[..., 0] >= 0)
+    for j in range(1, k_max):
+        bb, kk = on.nonzero(as_tuple=True)                                           # (host sync)
+        if bb.numel() == 0:
+            break
+        col = pairs[bb, kk] + j
+        got = drafter.step(j, bb, col, embeds[bb, col])
+        drafts[bb, kk, j] = got
+        on = torch.zeros_like(on)
+        on[bb, kk] = (got == truth[bb, kk, j]) & (truth[bb, kk, j] >= 0)
+    match = (drafts == truth) & (truth >= 0)
+    run = match.long().cumprod(-1).sum(-1)                                          # [B, P]: m
     span = max_new + k_max - 1                                                     # positions T .. T + span - 1
-    for row, t in enumerate(starts):
-        drafts[row] = _gather_steps(preds[row], t - 1 + k_idx[:, None] + i_idx[None] - 1)   # column p + i - 1
-        # the row's own p at positions T .. T + span - 1, read at the drafts ending there: position c holds
-        # p_i of start k = c - T - i + 1 for every i, whose draft d_i is preds[i-1, c-1]
-        asked = preds[row, :, t - 1: t - 1 + span].T                                 # [span, K]
-        got = probs_at(logits[row, t: t + span], asked, decoding).double().to(device)   # [span, K]
-        on[row] = got[k_idx[:, None] + i_idx[None] - 1, i_idx[None].expand(max_new, -1) - 1]
-        truth[row] = _padded(ids[row, : lengths[row]], t + k_idx[:, None] + i_idx[None])       # x at p + 1 + i
-    run = (drafts == truth).long().cumprod(-1).sum(-1)                                # [B, max_new]: m
+    asked = torch.full((b, span, k_max), -1, dtype=torch.long, device=device)     # position T + k + i - 1 asks d_i
+    for i in range(k_max):
+        asked[:, i: i + max_new, i] = drafts[..., i]
+    from_pass = torch.zeros(b, max_new, k_max, dtype=torch.float64, device=device)
+    for row, t in enumerate(tf.starts):
+        got = probs_at(tf.logits[row, t: t + span], asked[row], decoding).double().to(device)   # [span, K]
+        from_pass[row] = got[k_idx[:, None] + i_idx[None] - 1, i_idx[None].expand(max_new, -1) - 1]
     off = i_idx[None, None] > run[..., None] + 1                                    # p_i off the continuation
-    accept = torch.where(off, torch.zeros_like(on), on)
-    prefix = chain_at_least(torch.where(off, torch.ones_like(on), on)).gather(
+    accept = torch.where(off, torch.zeros_like(from_pass), from_pass)
+    prefix = chain_at_least(torch.where(off, torch.ones_like(from_pass), from_pass)).gather(
         -1, run[..., None].clamp(max=k_max - 1))[..., 0]                            # P(A >= m + 1)
-    level_of = run.clone()                                                       # drafts known on the chain
     alive = (run <= k_max - 2) & (prefix > 0) & (prefix >= floor)
     cut = torch.where((run <= k_max - 2) & (prefix > 0) & ~alive, prefix, torch.zeros_like(prefix))
-    pairs = torch.tensor(starts, device=device)[:, None] - 1 + k_idx[None]            # [B, P] start pair p
+
+    # 2. off it
     last = torch.full((b, max_new), -1, dtype=torch.long, device=device)           # column of the chain's node
     nodes = torch.zeros(b, dtype=torch.long, device=device)
-    extended = BranchCache(target, cache, width)
+    extended, known = BranchCache(target, tf.cache, tf.width), _Known()
     try:
-        while bool(alive.any()):
-            counts = alive.sum(1)
-            q = int(counts.max())
-            sel = torch.sort((~alive).long(), dim=1, stable=True).indices[:, :q]       # [B, q] alive starts first
-            valid = torch.arange(q, device=device)[None] < counts[:, None]
-            nodes += counts
-            m, i = run.gather(1, sel), level_of.gather(1, sel) + 1                      # next draft d_i, 1-based
-            p = pairs.gather(1, sel)
-            tok = drafts.gather(1, sel[..., None].expand(-1, -1, k_max))              # [B, q, K]
-            i = torch.where(valid, i, torch.ones_like(i))                              # padding: any index
-            node = tok.gather(2, (i - 1)[..., None])[..., 0]
-            ask = tok.gather(2, i[..., None])                                          # d_{i+1}
-            branches = Branches(tokens=torch.where(valid, node, 0), positions=torch.where(valid, p + 1 + i, 0),
-                                context_end=torch.where(valid, p + 1 + m, -1),
-                                parents=torch.where(valid, last.gather(1, sel), -1),
-                                asked=torch.where(valid[..., None], ask, -1))
-            got, where = extended.probs(branches, decoding, chunk_tokens, local_parents=False)
-            got = got[..., 0].double()                                                 # [B, q]
-            rows, cols = valid.nonzero(as_tuple=True)
-            ks, ii = sel[rows, cols], i[rows, cols]
-            accept[rows, ks, ii] = got[rows, cols]                                     # p_{i+1}(d_{i+1})
-            prefix[rows, ks] = prefix[rows, ks] * got[rows, cols]
-            last[rows, ks] = where[rows, cols]
-            level_of[rows, ks] = ii
+        for j in range(1, k_max):
+            bb, kk = (alive & (run + 1 <= j)).nonzero(as_tuple=True)                 # node d_j, asking d_{j+1}
+            if bb.numel() == 0:
+                if not bool(alive.any()):
+                    break
+                continue
+            p, m = pairs[bb, kk], run[bb, kk]
+            node = drafts[bb, kk, j - 1]
+            drafts[bb, kk, j] = ask = drafter.step(j, bb, p + j, spec.embed(node[None])[0])
+            val, col = known.lookup(bb, p + 1 + m, last[bb, kk], node, ask)
+            todo = (col < 0).nonzero(as_tuple=True)[0]
+            if todo.numel():
+                t_bb, t_ctx, t_par, t_node, t_ask = (x[todo] for x in (bb, p + 1 + m, last[bb, kk], node, ask))
+                branches, slot, ask_slot = _shared_nodes(b, t_bb, t_node, p[todo] + 1 + j, t_ctx, t_par, t_ask)
+                got, where = extended.probs(branches, decoding, chunk_tokens, local_parents=False)
+                nodes += (branches.context_end >= 0).sum(1)
+                val[todo] = got[t_bb, slot, ask_slot].double()                        # p_{j+1}(d_{j+1})
+                col[todo] = where[t_bb, slot]
+                known.add(t_bb, t_ctx, t_par, t_node, t_ask, val[todo], col[todo])
+            accept[bb, kk, j] = val
+            prefix[bb, kk] = prefix[bb, kk] * val
+            last[bb, kk] = col
             more = torch.zeros_like(alive)
-            more[rows, ks] = (ii + 1 <= k_max - 1) & (prefix[rows, ks] > 0)
-            cut[rows, ks] = torch.where(more[rows, ks] & (prefix[rows, ks] < floor), prefix[rows, ks], cut[rows, ks])
-            alive = more & (prefix >= floor)
+            more[bb, kk] = (j + 1 <= k_max - 1) & (prefix[bb, kk] > 0)
+            cut[bb, kk] = torch.where(more[bb, kk] & (prefix[bb, kk] < floor), prefix[bb, kk], cut[bb, kk])
+            alive[bb, kk] = more[bb, kk] & (prefix[bb, kk] >= floor)
     finally:
         extended.close()
-    return chain_at_least(accept), cut, nodes
+    return chain_at_least(accept), cut, nodes, run
 
 
-def _gather_steps(preds: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """preds [K, P] (step j's draft at column q), cols [N, K] -> [N, K]: preds[i, cols[:, i]], -1 past the end."""
-    k, p = preds.shape
-    ok = cols < p
-    got = preds.gather(1, cols.clamp(max=p - 1).T).T
-    return torch.where(ok, got, torch.full_like(got, -1))
+class _Known:
+    """The branch nodes run so far for a pass: (row, context_end, parent column, token) -> (its column, {asked
+    token: p}). A chain that reaches a known node asking a known token reads it there (a later start that left
+    the continuation at the same place with the same drafts); a known node asked a new token runs again."""
+
+    def __init__(self):
+        self.nodes: dict[tuple, tuple[int, dict]] = {}
+
+    def lookup(self, *keys) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys: row, context_end, parent, token, ask [N] -> (p [N] float64, column [N]; -1 = not known)."""
+        device = keys[0].device
+        val, col = [0.0] * keys[0].shape[0], [-1] * keys[0].shape[0]
+        for n, (*key, ask) in enumerate(zip(*(k.tolist() for k in keys))):
+            hit = self.nodes.get(tuple(key))
+            if hit is not None and ask in hit[1]:
+                val[n], col[n] = hit[1][ask], hit[0]
+        return (torch.tensor(val, dtype=torch.float64, device=device),
+                torch.tensor(col, dtype=torch.long, device=device))
+
+    def add(self, *keys_ask_val_col) -> None:
+        for *key, ask, val, col in zip(*(k.tolist() for k in keys_ask_val_col)):
+            self.nodes.setdefault(tuple(key), (col, {}))[1][ask] = val
 
 
-def _padded(row: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    ok = idx < row.shape[0]
-    return torch.where(ok, row[idx.clamp(max=row.shape[0] - 1)], torch.full_like(idx, -1))
+def _shared_nodes(rows: int, bb, token, position, context_end, parent, ask) -> tuple[Branches, torch.Tensor,
+                                                                                     torch.Tensor]:
+    """One branch level for N chains (row bb, node token at position over context_end / under parent, asking
+    `ask`) -> (Branches with each distinct (row, context_end, parent, token) once and each of its distinct
+    asked tokens once, each chain's node slot [N], each chain's asked slot [N])."""
+    key = torch.stack([bb, context_end, parent, token], dim=1)
+    nodes, inv = torch.unique(key, dim=0, return_inverse=True)                      # sorted: rows grouped
+    slot = rank_in_row(nodes[:, 0], rows)
+    pos = torch.zeros(nodes.shape[0], dtype=torch.long, device=bb.device)
+    pos[inv] = position
+    pairs, ask_inv = torch.unique(torch.stack([inv, ask], dim=1), dim=0, return_inverse=True)
+    ask_slot = rank_in_row(pairs[:, 0], nodes.shape[0])
+    q, m = int(slot.max()) + 1, int(ask_slot.max()) + 1
+    r = nodes[:, 0]
+
+    def grid(values, fill):
+        out = torch.full((rows, q), fill, dtype=torch.long, device=bb.device)
+        out[r, slot] = values
+        return out
+    asked = torch.full((rows, q, m), -1, dtype=torch.long, device=bb.device)
+    asked[r[pairs[:, 0]], slot[pairs[:, 0]], ask_slot] = pairs[:, 1]
+    branches = Branches(tokens=grid(nodes[:, 3], 0), positions=grid(pos, 0), context_end=grid(nodes[:, 1], -1),
+                        parents=grid(nodes[:, 2], -1), asked=asked)
+    return branches, slot[inv], ask_slot[ask_inv]
