@@ -270,18 +270,34 @@ class _Known:
             self.nodes.setdefault(tuple(key), (col, {}))[1][ask] = val
 
 
+def _group_ids(*columns: torch.Tensor) -> torch.Tensor:
+    """Equal rows of the columns [N] each -> one id, ids 0..G-1 in lexicographic order of the rows (1-D uniques
+    of mixed-radix codes, each below N^2: no overflow, and faster than torch.unique over rows).
+
+    >>> _group_ids(torch.tensor([1, 0, 1, 0]), torch.tensor([5, 9, 5, 2])).tolist()
+    [2, 1, 2, 0]
+    """
+    ids = torch.zeros_like(columns[0])
+    for col in columns:
+        values, rank = torch.unique(col, return_inverse=True)
+        ids = torch.unique(ids * values.shape[0] + rank, return_inverse=True)[1]
+    return ids
+
+
 def _shared_nodes(rows: int, bb, token, position, context_end, parent, ask) -> tuple[Branches, torch.Tensor,
                                                                                      torch.Tensor]:
     """One branch level for N chains (row bb, node token at position over context_end / under parent, asking
     `ask`) -> (Branches with each distinct (row, context_end, parent, token) once and each of its distinct
     asked tokens once, each chain's node slot [N], each chain's asked slot [N])."""
-    key = torch.stack([bb, context_end, parent, token], dim=1)
-    nodes, inv = torch.unique(key, dim=0, return_inverse=True)                      # sorted: rows grouped
+    inv = _group_ids(bb, context_end, parent, token)                                 # rows ascending
+    count = int(inv.max()) + 1
+    nodes = torch.zeros(count, 5, dtype=torch.long, device=bb.device)
+    nodes[inv] = torch.stack([bb, context_end, parent, token, position], dim=1)
     slot = rank_in_row(nodes[:, 0], rows)
-    pos = torch.zeros(nodes.shape[0], dtype=torch.long, device=bb.device)
-    pos[inv] = position
-    pairs, ask_inv = torch.unique(torch.stack([inv, ask], dim=1), dim=0, return_inverse=True)
-    ask_slot = rank_in_row(pairs[:, 0], nodes.shape[0])
+    ask_inv = _group_ids(inv, ask)
+    pairs = torch.zeros(int(ask_inv.max()) + 1, 2, dtype=torch.long, device=bb.device)
+    pairs[ask_inv] = torch.stack([inv, ask], dim=1)
+    ask_slot = rank_in_row(pairs[:, 0], count)
     q, m = int(slot.max()) + 1, int(ask_slot.max()) + 1
     r = nodes[:, 0]
 
@@ -291,6 +307,6 @@ def _shared_nodes(rows: int, bb, token, position, context_end, parent, ask) -> t
         return out
     asked = torch.full((rows, q, m), -1, dtype=torch.long, device=bb.device)
     asked[r[pairs[:, 0]], slot[pairs[:, 0]], ask_slot] = pairs[:, 1]
-    branches = Branches(tokens=grid(nodes[:, 3], 0), positions=grid(pos, 0), context_end=grid(nodes[:, 1], -1),
-                        parents=grid(nodes[:, 2], -1), asked=asked)
+    branches = Branches(tokens=grid(nodes[:, 3], 0), positions=grid(nodes[:, 4], 0),
+                        context_end=grid(nodes[:, 1], -1), parents=grid(nodes[:, 2], -1), asked=asked)
     return branches, slot[inv], ask_slot[ask_inv]
