@@ -4,7 +4,7 @@
     python benchmarks/bench_sampling_profile.py --random 8b --out DIR   # GPU: Llama-3.1-8B shapes, random bf16
     python benchmarks/bench_sampling_profile.py --random tiny       # the same code on the CPU, tiny shapes
 
-Times, each the median of --reps runs after a warm-up, on one loaded oracle:
+Times, each the median of --reps runs after a warm-up, greedy and T > 0 in turn, on one loaded oracle:
   with generation   `profile_prompts` generating its continuations: greedy (argmax) vs T > 0 (sampled)
   given responses   the same with the continuations given (greedy: the greedy ones; T > 0: the sampled ones,
                     taken as they are): no generation (greedy: re-profiled where bf16 near-ties move the argmax)
@@ -41,16 +41,20 @@ def sync():
         torch.cuda.synchronize()
 
 
-def timed(fn, reps: int) -> tuple[float, object]:
-    out = fn()                                          # warm-up
+def side_by_side(greedy, sampled, reps: int) -> tuple[float, float, object, object]:
+    """(median seconds of greedy, of sampled, their last outputs): one warm-up each, then the two run in
+    turn, rep after rep, so a slow spell of the machine falls on both."""
+    out_g, out_s = greedy(), sampled()
     sync()
-    times = []
+    times = ([], [])
     for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        for i, fn in enumerate((greedy, sampled)):
+            t0 = time.perf_counter()
+            out = fn()
+            sync()
+            times[i].append(time.perf_counter() - t0)
+            out_g, out_s = (out, out_s) if i == 0 else (out_g, out)
+    return statistics.median(times[0]), statistics.median(times[1]), out_g, out_s
 
 
 def branch_tokens_per_start(profiled, max_new: int) -> float:
@@ -72,10 +76,10 @@ def pass_only(oracle, sampled, g, s, args) -> tuple[float, float]:
     items_s = [(p.prompt, p.continuation) for p in s.profiled]
     batches = list(prof.batches([p.input_ids + c for p, c in items_g], 0, args.batch_tokens))
     dec = sampled.settings.decoding
-    t_g, _ = timed(lambda: [prof.profile_batch(spec, [items_g[j] for j in b], k, max_new, pad) for b in batches],
-                   args.reps)
-    t_s, _ = timed(lambda: [profile_batch_sampled(spec, [items_s[j] for j in b], k, max_new, pad, dec,
-                                                  floor=args.expectation_floor) for b in batches], args.reps)
+    t_g, t_s, _, _ = side_by_side(
+        lambda: [prof.profile_batch(spec, [items_g[j] for j in b], k, max_new, pad) for b in batches],
+        lambda: [profile_batch_sampled(spec, [items_s[j] for j in b], k, max_new, pad, dec,
+                                       floor=args.expectation_floor) for b in batches], args.reps)
     return t_g, t_s
 
 
@@ -84,12 +88,12 @@ def run(oracle, prompts, args) -> dict:
                           expectation_floor=args.expectation_floor)
     sampled = oracle.with_(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                            accept_rule=args.accept_rule or ("sglang" if args.topk > 1 else "vllm"))
-    t_greedy, g = timed(lambda: profile_prompts(oracle, prompts, opts), args.reps)
-    t_sampled, s = timed(lambda: profile_prompts(sampled, prompts, opts), args.reps)
+    t_greedy, t_sampled, g, s = side_by_side(lambda: profile_prompts(oracle, prompts, opts),
+                                             lambda: profile_prompts(sampled, prompts, opts), args.reps)
     g_conts = [p.continuation for p in g.profiled]
     s_conts = [p.continuation for p in s.profiled]
-    t_greedy_r, _ = timed(lambda: profile_prompts(oracle, prompts, opts, g_conts), args.reps)
-    t_sampled_r, s_r = timed(lambda: profile_prompts(sampled, prompts, opts, s_conts), args.reps)
+    t_greedy_r, t_sampled_r, _, s_r = side_by_side(lambda: profile_prompts(oracle, prompts, opts, g_conts),
+                                                   lambda: profile_prompts(sampled, prompts, opts, s_conts), args.reps)
     tree = oracle.resolved.topk > 1
     t_pass_g, t_pass_s = (None, None) if tree else pass_only(oracle, sampled, g, s, args)
     key = str(args.max_steps)
