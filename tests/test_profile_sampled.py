@@ -145,11 +145,11 @@ def test_branch_nodes_shared_between_starts_read_what_their_own_would(oracle, mo
     """A start that leaves the continuation where an earlier start did, with the same drafts, reads that start's
     branch node instead of running its own: the same expectations as when every chain runs its own nodes (up
     to float rounding), with fewer target tokens."""
-    from eagle_eval.speculative import profile_sampled
+    from eagle_eval.speculative import branches
 
     opts, dec = ProfileOptions(max_steps=6, expectation_floor=0.0), dict(temperature=1.5, accept_rule="vllm")
     shared = profile(oracle, opts, **dec)
-    monkeypatch.setattr(profile_sampled._Known, "lookup",
+    monkeypatch.setattr(branches.KnownNodes, "lookup",
                         lambda self, *keys: (torch.zeros(keys[0].shape, dtype=torch.float64),
                                              torch.full(keys[0].shape, -1, dtype=torch.long)))
     own = profile(oracle, opts, **dec)
@@ -162,10 +162,10 @@ def test_branch_nodes_shared_between_starts_read_what_their_own_would(oracle, mo
 def test_chains_at_one_level_share_a_node_and_ask_each_token_once():
     """Four chains of two rows: two reach the same node (row 0, context 5, no parent, token 7) asking 3 and 4,
     one asks 3 again there, one is under another parent; row 1's node has the same key but its own row."""
-    from eagle_eval.speculative.profile_sampled import _shared_nodes
+    from eagle_eval.speculative.branches import shared_nodes
 
     t = lambda *x: torch.tensor(x)
-    branches, slot, ask_slot = _shared_nodes(2, bb=t(0, 0, 0, 0, 1), token=t(7, 7, 7, 7, 7),
+    branches, slot, ask_slot = shared_nodes(2, bb=t(0, 0, 0, 0, 1), token=t(7, 7, 7, 7, 7),
                                              position=t(6, 6, 6, 6, 6), context_end=t(5, 5, 5, 5, 5),
                                              parent=t(-1, -1, -1, 2, -1), ask=t(3, 4, 3, 3, 3))
     assert branches.tokens.tolist() == [[7, 7], [7, 0]]

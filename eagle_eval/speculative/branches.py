@@ -9,6 +9,8 @@ branch ancestors, at the position it would have in the loop (tree attention, the
 `Target.tree_mask` generalised to a batch), and returns p(token) for the tokens asked at it. The cache
 is rolled back to the sequence afterwards. Probabilities are `sampling.target_probs` (the accept
 rule's engine order), read for the requested tokens only, a bounded number of rows at a time.
+Chains that reach the same node (row, context, parent, token) share it: `shared_nodes` within one call,
+`KnownNodes` across calls (p depends on the tokens alone).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from eagle_eval.models.target import Target, TargetError
 from eagle_eval.speculative.sampling import target_probs
+from eagle_eval.speculative.run_lengths import rank_in_row
 
 PROB_ELEMENTS = 1 << 25          # logits entries turned into probabilities at once (memory bound)
 
@@ -236,3 +239,69 @@ def branch_probs(target: Target, cache, seq_len: int, branches: Branches, decodi
         return extended.probs(branches, decoding, chunk_tokens)[0]
     finally:
         extended.close()
+
+
+class KnownNodes:
+    """The branch nodes run so far for a pass: (row, context_end, parent column, token) -> (its column, {asked
+    token: p}). A chain that reaches a known node asking a known token reads it there (a later start that left
+    the continuation at the same place with the same drafts); a known node asked a new token runs again."""
+
+    def __init__(self):
+        self.nodes: dict[tuple, tuple[int, dict]] = {}
+
+    def lookup(self, *keys) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys: row, context_end, parent, token, ask [N] -> (p [N] float64, column [N]; -1 = not known)."""
+        device = keys[0].device
+        val, col = [0.0] * keys[0].shape[0], [-1] * keys[0].shape[0]
+        for n, (*key, ask) in enumerate(zip(*(k.tolist() for k in keys))):
+            hit = self.nodes.get(tuple(key))
+            if hit is not None and ask in hit[1]:
+                val[n], col[n] = hit[1][ask], hit[0]
+        return (torch.tensor(val, dtype=torch.float64, device=device),
+                torch.tensor(col, dtype=torch.long, device=device))
+
+    def add(self, *keys_ask_val_col) -> None:
+        for *key, ask, val, col in zip(*(k.tolist() for k in keys_ask_val_col)):
+            self.nodes.setdefault(tuple(key), (col, {}))[1][ask] = val
+
+
+def group_ids(*columns: torch.Tensor) -> torch.Tensor:
+    """Equal rows of the columns [N] each -> one id, ids 0..G-1 in lexicographic order of the rows (1-D uniques
+    of mixed-radix codes, each below N^2: no overflow, and faster than torch.unique over rows).
+
+    >>> group_ids(torch.tensor([1, 0, 1, 0]), torch.tensor([5, 9, 5, 2])).tolist()
+    [2, 1, 2, 0]
+    """
+    ids = torch.zeros_like(columns[0])
+    for col in columns:
+        values, rank = torch.unique(col, return_inverse=True)
+        ids = torch.unique(ids * values.shape[0] + rank, return_inverse=True)[1]
+    return ids
+
+
+def shared_nodes(rows: int, bb, token, position, context_end, parent, ask) -> tuple[Branches, torch.Tensor,
+                                                                                     torch.Tensor]:
+    """One branch level for N chains (row bb, node token at position over context_end / under parent, asking
+    `ask`) -> (Branches with each distinct (row, context_end, parent, token) once and each of its distinct
+    asked tokens once, each chain's node slot [N], each chain's asked slot [N])."""
+    inv = group_ids(bb, context_end, parent, token)                                 # rows ascending
+    count = int(inv.max()) + 1
+    nodes = torch.zeros(count, 5, dtype=torch.long, device=bb.device)
+    nodes[inv] = torch.stack([bb, context_end, parent, token, position], dim=1)
+    slot = rank_in_row(nodes[:, 0], rows)
+    ask_inv = group_ids(inv, ask)
+    pairs = torch.zeros(int(ask_inv.max()) + 1, 2, dtype=torch.long, device=bb.device)
+    pairs[ask_inv] = torch.stack([inv, ask], dim=1)
+    ask_slot = rank_in_row(pairs[:, 0], count)
+    q, m = int(slot.max()) + 1, int(ask_slot.max()) + 1
+    r = nodes[:, 0]
+
+    def grid(values, fill):
+        out = torch.full((rows, q), fill, dtype=torch.long, device=bb.device)
+        out[r, slot] = values
+        return out
+    asked = torch.full((rows, q, m), -1, dtype=torch.long, device=bb.device)
+    asked[r[pairs[:, 0]], slot[pairs[:, 0]], ask_slot] = pairs[:, 1]
+    branches = Branches(tokens=grid(nodes[:, 3], 0), positions=grid(nodes[:, 4], 0),
+                        context_end=grid(nodes[:, 1], -1), parents=grid(nodes[:, 2], -1), asked=asked)
+    return branches, slot[inv], ask_slot[ask_inv]

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from eagle_eval.models.capture import FeatureCapture
-from eagle_eval.speculative.branches import BranchCache, Branches, probs_at
+from eagle_eval.speculative.branches import BranchCache, KnownNodes, probs_at, shared_nodes
 from eagle_eval.speculative.chain import Speculator
 from eagle_eval.speculative.expected import chain_at_least
 from eagle_eval.speculative.profile import Profiled
-from eagle_eval.speculative.run_lengths import SparseChains, rank_in_row
+from eagle_eval.speculative.run_lengths import SparseChains
 from eagle_eval.speculative.sampling import prompt_generator, target_probs
 
 
@@ -167,146 +167,119 @@ def chain_expectations(spec: Speculator, tf: _Pass, k_max: int, max_new: int, de
        while its P(A >= j + 1) is > 0 and >= floor (below it, the deeper P(A >= j) are left 0: each too low by
        less than the floor). Chains of a row that reach the same context with the same token share one node
        (the target's p depends on the tokens alone)."""
-    head, target = spec.head, spec.target
-    b, width = tf.ids.shape
-    device = tf.ids.device
     embeds = spec.embed(tf.ids[:, 1:])                                              # x_1..x_{W-1}
-    drafter = SparseChains(head, tf.aux[:, :-1], embeds, spec.position_offset)
-    k_idx = torch.arange(max_new, device=device)
-    i_idx = torch.arange(1, k_max + 1, device=device)
-    pairs = torch.tensor(tf.starts, device=device)[:, None] - 1 + k_idx[None]        # [B, P] start pair p
-    lengths = torch.tensor(tf.lengths, device=device)
-    at = pairs[..., None] + 1 + i_idx                                               # [B, P, K] position of d_i
-    truth = torch.where(at < lengths[:, None, None], tf.ids.gather(1, at.clamp(max=width - 1).flatten(1))
-                        .view(at.shape), torch.full_like(at, -1))                  # the continuation there
-    drafts = torch.full((b, max_new, k_max), -1, dtype=torch.long, device=device)   # d_i of start k (-1: not run)
-    drafts[..., 0] = drafter.first.gather(1, pairs.clamp(max=width - 2))
+    drafter = SparseChains(spec.head, tf.aux[:, :-1], embeds, spec.position_offset)
+    chains = _Chains.at_starts(tf, drafter, k_max, max_new)
+    _draft_on_continuation(chains, drafter, embeds)
+    _read_pass(chains, tf, decoding, floor)
+    nodes = _follow_off_continuation(chains, spec, tf, drafter, decoding, chunk_tokens, floor)
+    return chain_at_least(chains.accept), chains.cut, nodes, chains.run
 
-    # 1. on the continuation
+
+@dataclass
+class _Chains:
+    """The chain of every start of a batch, [B, P(, K)] (start k of row b: start pair p = T_b - 1 + k)."""
+    pairs: torch.Tensor                 # [B, P] start pair p
+    truth: torch.Tensor                 # [B, P, K] the continuation at d_i's position p + 1 + i (-1: past it)
+    drafts: torch.Tensor                # [B, P, K] d_i (-1: not drafted)
+    run: torch.Tensor | None = None     # [B, P] m: leading drafts the continuation holds
+    accept: torch.Tensor | None = None  # [B, P, K] float64 p_i(d_i) (0 where not followed)
+    prefix: torch.Tensor | None = None  # [B, P] P(A >= i) along the chain so far
+    cut: torch.Tensor | None = None     # [B, P] P(A >= i) where the chain was cut below the floor (0 = not)
+    alive: torch.Tensor | None = None   # [B, P] followed further off the continuation
+
+    @classmethod
+    def at_starts(cls, tf: _Pass, drafter: SparseChains, k_max: int, max_new: int) -> "_Chains":
+        b, width = tf.ids.shape
+        device = tf.ids.device
+        k_idx = torch.arange(max_new, device=device)
+        pairs = torch.tensor(tf.starts, device=device)[:, None] - 1 + k_idx[None]
+        at = pairs[..., None] + 1 + torch.arange(1, k_max + 1, device=device)      # [B, P, K]
+        inside = at < torch.tensor(tf.lengths, device=device)[:, None, None]
+        truth = torch.where(inside, tf.ids.gather(1, at.clamp(max=width - 1).flatten(1)).view(at.shape),
+                            torch.full_like(at, -1))
+        drafts = torch.full((b, max_new, k_max), -1, dtype=torch.long, device=device)
+        drafts[..., 0] = drafter.first.gather(1, pairs.clamp(max=width - 2))
+        return cls(pairs, truth, drafts)
+
+
+def _draft_on_continuation(chains: _Chains, drafter: SparseChains, embeds: torch.Tensor) -> None:
+    """Draft step j for the chains whose d_1..d_j equal the continuation (teacher-forced: the step reads the
+    true token); sets `drafts` up to each chain's first wrong draft d_{m+1} and `run` (m)."""
+    drafts, truth = chains.drafts, chains.truth
     on = (drafts[..., 0] == truth[..., 0]) & (truth[..., 0] >= 0)
-    for j in range(1, k_max):
+    for j in range(1, drafts.shape[-1]):
         bb, kk = on.nonzero(as_tuple=True)                                           # (host sync)
         if bb.numel() == 0:
             break
-        col = pairs[bb, kk] + j
+        col = chains.pairs[bb, kk] + j
         got = drafter.step(j, bb, col, embeds[bb, col])
         drafts[bb, kk, j] = got
         on = torch.zeros_like(on)
         on[bb, kk] = (got == truth[bb, kk, j]) & (truth[bb, kk, j] >= 0)
-    match = (drafts == truth) & (truth >= 0)
-    run = match.long().cumprod(-1).sum(-1)                                          # [B, P]: m
+    chains.run = ((drafts == truth) & (truth >= 0)).long().cumprod(-1).sum(-1)
+
+
+def _read_pass(chains: _Chains, tf: _Pass, decoding, floor: float) -> None:
+    """p_i(d_i) of d_1..d_{m+1} from the pass's own rows (position p + i), every start at once; then
+    P(A >= m + 1) (`prefix`) and which chains go on off the continuation (`alive`, `cut`)."""
+    b, max_new, k_max = chains.drafts.shape
+    device = chains.drafts.device
+    k_idx, i_idx = torch.arange(max_new, device=device), torch.arange(1, k_max + 1, device=device)
     span = max_new + k_max - 1                                                     # positions T .. T + span - 1
     asked = torch.full((b, span, k_max), -1, dtype=torch.long, device=device)     # position T + k + i - 1 asks d_i
     for i in range(k_max):
-        asked[:, i: i + max_new, i] = drafts[..., i]
+        asked[:, i: i + max_new, i] = chains.drafts[..., i]
     from_pass = torch.zeros(b, max_new, k_max, dtype=torch.float64, device=device)
     for row, t in enumerate(tf.starts):
         got = probs_at(tf.logits[row, t: t + span], asked[row], decoding).double().to(device)   # [span, K]
         from_pass[row] = got[k_idx[:, None] + i_idx[None] - 1, i_idx[None].expand(max_new, -1) - 1]
+    run = chains.run
     off = i_idx[None, None] > run[..., None] + 1                                    # p_i off the continuation
-    accept = torch.where(off, torch.zeros_like(from_pass), from_pass)
-    prefix = chain_at_least(torch.where(off, torch.ones_like(from_pass), from_pass)).gather(
+    chains.accept = torch.where(off, torch.zeros_like(from_pass), from_pass)
+    chains.prefix = chain_at_least(torch.where(off, torch.ones_like(from_pass), from_pass)).gather(
         -1, run[..., None].clamp(max=k_max - 1))[..., 0]                            # P(A >= m + 1)
-    alive = (run <= k_max - 2) & (prefix > 0) & (prefix >= floor)
-    cut = torch.where((run <= k_max - 2) & (prefix > 0) & ~alive, prefix, torch.zeros_like(prefix))
+    more = (run <= k_max - 2) & (chains.prefix > 0)
+    chains.alive = more & (chains.prefix >= floor)
+    chains.cut = torch.where(more & ~chains.alive, chains.prefix, torch.zeros_like(chains.prefix))
 
-    # 2. off it
-    last = torch.full((b, max_new), -1, dtype=torch.long, device=device)           # column of the chain's node
-    nodes = torch.zeros(b, dtype=torch.long, device=device)
-    extended, known = BranchCache(target, tf.cache, tf.width), _Known()
+
+def _follow_off_continuation(chains: _Chains, spec: Speculator, tf: _Pass, drafter: SparseChains, decoding,
+                             chunk_tokens: int, floor: float) -> torch.Tensor:
+    """Level j = 1..K-1: each alive chain off the continuation by d_j drafts d_{j+1} from its own d_j, and
+    d_j runs as a branch node (shared between starts where it can be, `branches.KnownNodes` and
+    `shared_nodes`) read at d_{j+1}. Returns the branch nodes run per row [B]."""
+    b, _, k_max = chains.drafts.shape
+    pairs, run, drafts = chains.pairs, chains.run, chains.drafts
+    prefix, alive, cut = chains.prefix, chains.alive, chains.cut
+    last = torch.full_like(run, -1)                                                  # column of the chain's node
+    nodes = torch.zeros(b, dtype=torch.long, device=run.device)
+    extended, known = BranchCache(spec.target, tf.cache, tf.width), KnownNodes()
     try:
         for j in range(1, k_max):
+            if not bool(alive.any()):
+                break
             bb, kk = (alive & (run + 1 <= j)).nonzero(as_tuple=True)                 # node d_j, asking d_{j+1}
             if bb.numel() == 0:
-                if not bool(alive.any()):
-                    break
                 continue
-            p, m = pairs[bb, kk], run[bb, kk]
-            node = drafts[bb, kk, j - 1]
+            p, ctx, parent, node = pairs[bb, kk], pairs[bb, kk] + 1 + run[bb, kk], last[bb, kk], drafts[bb, kk, j - 1]
             drafts[bb, kk, j] = ask = drafter.step(j, bb, p + j, spec.embed(node[None])[0])
-            val, col = known.lookup(bb, p + 1 + m, last[bb, kk], node, ask)
+            val, col = known.lookup(bb, ctx, parent, node, ask)
             todo = (col < 0).nonzero(as_tuple=True)[0]
             if todo.numel():
-                t_bb, t_ctx, t_par, t_node, t_ask = (x[todo] for x in (bb, p + 1 + m, last[bb, kk], node, ask))
-                branches, slot, ask_slot = _shared_nodes(b, t_bb, t_node, p[todo] + 1 + j, t_ctx, t_par, t_ask)
+                keys = [x[todo] for x in (bb, ctx, parent, node, ask)]
+                branches, slot, ask_slot = shared_nodes(b, keys[0], keys[3], p[todo] + 1 + j, *keys[1:3], keys[4])
                 got, where = extended.probs(branches, decoding, chunk_tokens, local_parents=False)
                 nodes += (branches.context_end >= 0).sum(1)
-                val[todo] = got[t_bb, slot, ask_slot].double()                        # p_{j+1}(d_{j+1})
-                col[todo] = where[t_bb, slot]
-                known.add(t_bb, t_ctx, t_par, t_node, t_ask, val[todo], col[todo])
-            accept[bb, kk, j] = val
+                val[todo] = got[keys[0], slot, ask_slot].double()                     # p_{j+1}(d_{j+1})
+                col[todo] = where[keys[0], slot]
+                known.add(*keys, val[todo], col[todo])
+            chains.accept[bb, kk, j] = val
             prefix[bb, kk] = prefix[bb, kk] * val
             last[bb, kk] = col
-            more = torch.zeros_like(alive)
-            more[bb, kk] = (j + 1 <= k_max - 1) & (prefix[bb, kk] > 0)
-            cut[bb, kk] = torch.where(more[bb, kk] & (prefix[bb, kk] < floor), prefix[bb, kk], cut[bb, kk])
-            alive[bb, kk] = more[bb, kk] & (prefix[bb, kk] >= floor)
+            more = (j + 1 <= k_max - 1) & (prefix[bb, kk] > 0)
+            cut[bb, kk] = torch.where(more & (prefix[bb, kk] < floor), prefix[bb, kk], cut[bb, kk])
+            alive[bb, kk] = more & (prefix[bb, kk] >= floor)
     finally:
         extended.close()
-    return chain_at_least(accept), cut, nodes, run
-
-
-class _Known:
-    """The branch nodes run so far for a pass: (row, context_end, parent column, token) -> (its column, {asked
-    token: p}). A chain that reaches a known node asking a known token reads it there (a later start that left
-    the continuation at the same place with the same drafts); a known node asked a new token runs again."""
-
-    def __init__(self):
-        self.nodes: dict[tuple, tuple[int, dict]] = {}
-
-    def lookup(self, *keys) -> tuple[torch.Tensor, torch.Tensor]:
-        """keys: row, context_end, parent, token, ask [N] -> (p [N] float64, column [N]; -1 = not known)."""
-        device = keys[0].device
-        val, col = [0.0] * keys[0].shape[0], [-1] * keys[0].shape[0]
-        for n, (*key, ask) in enumerate(zip(*(k.tolist() for k in keys))):
-            hit = self.nodes.get(tuple(key))
-            if hit is not None and ask in hit[1]:
-                val[n], col[n] = hit[1][ask], hit[0]
-        return (torch.tensor(val, dtype=torch.float64, device=device),
-                torch.tensor(col, dtype=torch.long, device=device))
-
-    def add(self, *keys_ask_val_col) -> None:
-        for *key, ask, val, col in zip(*(k.tolist() for k in keys_ask_val_col)):
-            self.nodes.setdefault(tuple(key), (col, {}))[1][ask] = val
-
-
-def _group_ids(*columns: torch.Tensor) -> torch.Tensor:
-    """Equal rows of the columns [N] each -> one id, ids 0..G-1 in lexicographic order of the rows (1-D uniques
-    of mixed-radix codes, each below N^2: no overflow, and faster than torch.unique over rows).
-
-    >>> _group_ids(torch.tensor([1, 0, 1, 0]), torch.tensor([5, 9, 5, 2])).tolist()
-    [2, 1, 2, 0]
-    """
-    ids = torch.zeros_like(columns[0])
-    for col in columns:
-        values, rank = torch.unique(col, return_inverse=True)
-        ids = torch.unique(ids * values.shape[0] + rank, return_inverse=True)[1]
-    return ids
-
-
-def _shared_nodes(rows: int, bb, token, position, context_end, parent, ask) -> tuple[Branches, torch.Tensor,
-                                                                                     torch.Tensor]:
-    """One branch level for N chains (row bb, node token at position over context_end / under parent, asking
-    `ask`) -> (Branches with each distinct (row, context_end, parent, token) once and each of its distinct
-    asked tokens once, each chain's node slot [N], each chain's asked slot [N])."""
-    inv = _group_ids(bb, context_end, parent, token)                                 # rows ascending
-    count = int(inv.max()) + 1
-    nodes = torch.zeros(count, 5, dtype=torch.long, device=bb.device)
-    nodes[inv] = torch.stack([bb, context_end, parent, token, position], dim=1)
-    slot = rank_in_row(nodes[:, 0], rows)
-    ask_inv = _group_ids(inv, ask)
-    pairs = torch.zeros(int(ask_inv.max()) + 1, 2, dtype=torch.long, device=bb.device)
-    pairs[ask_inv] = torch.stack([inv, ask], dim=1)
-    ask_slot = rank_in_row(pairs[:, 0], count)
-    q, m = int(slot.max()) + 1, int(ask_slot.max()) + 1
-    r = nodes[:, 0]
-
-    def grid(values, fill):
-        out = torch.full((rows, q), fill, dtype=torch.long, device=bb.device)
-        out[r, slot] = values
-        return out
-    asked = torch.full((rows, q, m), -1, dtype=torch.long, device=bb.device)
-    asked[r[pairs[:, 0]], slot[pairs[:, 0]], ask_slot] = pairs[:, 1]
-    branches = Branches(tokens=grid(nodes[:, 3], 0), positions=grid(nodes[:, 4], 0),
-                        context_end=grid(nodes[:, 1], -1), parents=grid(nodes[:, 2], -1), asked=asked)
-    return branches, slot[inv], ask_slot[ask_inv]
+    return nodes
