@@ -14,7 +14,7 @@ from eagle_eval.speculative.policy import greedy_accept
 from eagle_eval.speculative import batched, graphed
 from eagle_eval.speculative.batched import accept_chains, batched_decode
 from eagle_eval.speculative.chain import speculative_decode
-from eagle_eval.speculative.draft import free_running, unroll_chains
+from eagle_eval.speculative.draft import unroll_chains
 from eagle_eval.speculative.profile import greedy_continuations, run_lengths_from_predictions
 from eagle_eval.speculative.run_lengths import SparseChains, chain_run_lengths
 from eagle_eval.workload.conversations import load_workload
@@ -198,6 +198,15 @@ def test_survivor_run_lengths_equal_the_dense_unroll(bundled, position_offset):
             assert runs[r, : len(s) - 1].tolist() == expected.tolist()
         if steps == 8:
             assert runs.max() >= 4                                   # long chains survived several steps
+
+
+def free_running(head, embed):
+    """A `feed` for `unroll_chains`: step j at position q takes the draft of step j-1 at q - 1, i.e. the chain
+    started at q - j continues from its own argmax draft (the loop's chain, right or wrong)."""
+    def feed(j: int, logits: torch.Tensor) -> torch.Tensor:
+        drafted = head.to_target_ids(logits.argmax(-1))                                # [B, T]
+        return embed(torch.cat([drafted[:, :1], drafted[:, :-1]], dim=1))           # column 0: never a chain
+    return feed
 
 
 @pytest.mark.parametrize("position_offset", [0, 1])

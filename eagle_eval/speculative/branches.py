@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from eagle_eval.models.target import Target, TargetError
-from eagle_eval.speculative.sampling import target_probs
 from eagle_eval.speculative.run_lengths import rank_in_row
+from eagle_eval.speculative.sampling import target_probs
 
 PROB_ELEMENTS = 1 << 25          # logits entries turned into probabilities at once (memory bound)
 

@@ -138,7 +138,8 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
     steps 1..j of its own chain (at positions q-j+1..q), exactly as the j-th step of the loop does.
 
     `feed(j, logits)`: the token embeddings [B, T, H] of step j >= 1 from step j-1's logits [B, T, V_d] (head dtype)
-    (`free_running` feeds each chain its own previous draft, as the loop does past a wrong draft);
+    (feeding each chain its own previous draft gives the loop's chain past a wrong draft; the profile at
+    T > 0 runs that through `run_lengths.SparseChains`, tests/test_batched.py checks the two agree);
     None = teacher-forced on the true tokens (what counts for a greedy run length is the same).
     """
     attn = head.attention
@@ -184,15 +185,6 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
         if feed is not None and j + 1 < num_steps:
             token_embeds = feed(j + 1, step)
     return logits
-
-
-def free_running(head: DraftHead, embed: EmbedFn) -> Callable[[int, torch.Tensor], torch.Tensor]:
-    """A `feed` for `unroll_chains`: step j at position q takes the draft of step j-1 at q - 1, i.e. the chain
-    started at q - j continues from its own argmax draft (the loop's chain, right or wrong)."""
-    def feed(j: int, logits: torch.Tensor) -> torch.Tensor:
-        drafted = head.to_target_ids(logits.argmax(-1))                                # [B, T]
-        return embed(torch.cat([drafted[:, :1], drafted[:, :-1]], dim=1))           # column 0: never a chain
-    return feed
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -268,11 +268,12 @@ def _follow_off_continuation(chains: _Chains, spec: Speculator, tf: _Pass, draft
             todo = (col < 0).nonzero(as_tuple=True)[0]
             if todo.numel():
                 keys = [x[todo] for x in (bb, ctx, parent, node, ask)]
-                branches, slot, ask_slot = shared_nodes(b, keys[0], keys[3], p[todo] + 1 + j, *keys[1:3], keys[4])
+                t_bb, t_ctx, t_parent, t_node, t_ask = keys
+                branches, slot, ask_slot = shared_nodes(b, t_bb, t_node, p[todo] + 1 + j, t_ctx, t_parent, t_ask)
                 got, where = extended.probs(branches, decoding, chunk_tokens, local_parents=False)
                 nodes += (branches.context_end >= 0).sum(1)
-                val[todo] = got[keys[0], slot, ask_slot].double()                     # p_{j+1}(d_{j+1})
-                col[todo] = where[keys[0], slot]
+                val[todo] = got[t_bb, slot, ask_slot].double()                        # p_{j+1}(d_{j+1})
+                col[todo] = where[t_bb, slot]
                 known.add(*keys, val[todo], col[todo])
             chains.accept[bb, kk, j] = val
             prefix[bb, kk] = prefix[bb, kk] * val
