@@ -482,7 +482,9 @@ class ProfileOptions(Group):
                                                     "(by_num_draft_tokens).", parse=lambda t: parse_ids(t, "--draft-tokens-grid"))
     expectation_floor: float = opt(1e-6, "Temperature > 0, one-hot rules: a chain whose P(A >= i) falls below this is not "
                                    "followed further off the continuation; its deeper P(A >= j) are set to 0, each too "
-                                   "low by less than the floor (0 = exact up to float rounding).")
+                                   "low by less than the floor. Trees: a node off the continuation reached with "
+                                   "probability below it is not expanded (each P(A >= d) too low by at most the "
+                                   "start's `cut`). 0 = exact up to float rounding.")
     rollouts: int = opt(8, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: paths per start of the "
                         "unbiased estimate of P(A >= i), i >= 2 (its variance is reported).")
 

@@ -205,8 +205,8 @@ def tree_at_least(tree, p, decoding, s):
 def test_per_start_tree_rows_recomputed_without_the_cache(oracle, dec, tmp_path):
     s, topk, d = 4, 3, 8
     dec = dict(temperature=1.5, **dec)
-    res = profile(oracle, ProfileOptions(max_steps=s, draft_tokens_grid=(5,)), tmp_path / "run", topk=topk,
-                  num_draft_tokens=d, **dec)
+    res = profile(oracle, ProfileOptions(max_steps=s, draft_tokens_grid=(5,), expectation_floor=0.0), tmp_path / "run",
+                  topk=topk, num_draft_tokens=d, **dec)
     by_key = rows_by_key([json.loads(x) for x in (tmp_path / "run" / "per_start.jsonl").read_text().splitlines()])
     decoding = DecodingSettings(**dec)
     for p in res.profiled[:3]:
@@ -217,6 +217,33 @@ def test_per_start_tree_rows_recomputed_without_the_cache(oracle, dec, tmp_path)
                 want = tree_at_least(tree, probs, decoding, shape[0])
                 got = by_key[(p.prompt.id, 0, t, shape[0], shape[1])]["p_accept_at_least"]
                 assert got == pytest.approx(want, abs=2e-4 if dec["accept_rule"] == "sglang" else 2e-6), (t, shape)
+
+
+@pytest.mark.parametrize("rule", ["sglang", "eagle"])
+def test_tree_floor_leaves_each_start_low_by_at_most_its_cut(oracle, rule):
+    """A tree node off the continuation reached with probability below the floor is not expanded: every P(A >= d)
+    of every shape is then at most the exact one and short of it by at most the start's `cut` (the unexpanded
+    nodes' reach, summed); some starts are cut, fewer branch tokens run, and the report says so for trees."""
+    dec = dict(temperature=1.5, accept_rule=rule)
+    shape = dict(topk=3, num_draft_tokens=8)
+    exact = profile(oracle, ProfileOptions(max_steps=5, draft_tokens_grid=(5,), expectation_floor=0.0), **shape, **dec)
+    floored = profile(oracle, ProfileOptions(max_steps=5, draft_tokens_grid=(5,), expectation_floor=1e-3),
+                      **shape, **dec)
+    want = rows_by_key(exact.per_start)
+    assert len(want) == len(floored.per_start)
+    cut_rows = 0
+    for row in floored.per_start:
+        ref = want[(row["prompt_id"], row["sample"], row["start"], row["num_steps"], row["num_draft_tokens"])]
+        assert "cut" not in ref
+        short = [a - b for a, b in zip(ref["p_accept_at_least"], row["p_accept_at_least"])]
+        assert min(short) >= -1e-6 and max(short) <= row.get("cut", 0.0) + 1e-6, (row, ref)
+        cut_rows += "cut" in row and max(short) > 1e-6
+    assert cut_rows > 0
+    ran = [sum(p.expected.branch_nodes for p in res.profiled) for res in (exact, floored)]
+    assert 0 < ran[1] < ran[0], ran
+    section = floored.report["sampling"]["expectation_floor"]
+    assert section["floor"] == 1e-3 and section["starts_cut"] > 0 and 0 < section["largest_cut"]
+    assert "tree node" in section["definition"]
 
 
 # -- closed forms against Monte-Carlo simulations of each rule ------------------------------------------

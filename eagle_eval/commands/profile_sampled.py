@@ -135,10 +135,14 @@ class _Profile:
         from eagle_eval.speculative.sampling import FILTER_ORDER
 
         dec, opts = self.oracle.settings.decoding, self.options
-        floor = {"floor": opts.expectation_floor, "chains_cut": len(cuts), "largest_cut": max(cuts, default=0.0),
-                 "definition": "a chain whose P(A >= i) fell below the floor was not followed further off the "
-                               "continuation: its deeper P(A >= j) are 0, each too low by less than `largest_cut` "
-                               "(per_start rows: `cut`)"}
+        floor = {"floor": opts.expectation_floor, "starts_cut": len(cuts), "largest_cut": max(cuts, default=0.0),
+                 "definition": ("a chain whose P(A >= i) fell below the floor was not followed further off the "
+                                "continuation: its deeper P(A >= j) are 0, each too low by less than `largest_cut` "
+                                "(per_start rows: `cut`)" if self.topk == 1 else
+                                "a tree node off the continuation whose reach probability (largest over the tree "
+                                "shapes) fell below the floor was not expanded: its descendants' reach is 0, and each "
+                                "P(A >= d) of that start is too low by at most the start's summed cut reach, "
+                                "`largest_cut` at most (per_start rows: `cut`)")}
         return {**{k: getattr(dec, k) for k in ("temperature", "top_k", "top_p", "min_p", "accept_rule",
                                                  "accept_threshold_single", "accept_threshold_acc", "seed")},
                 "filter_order": FILTER_ORDER[dec.accept_rule],
@@ -147,7 +151,7 @@ class _Profile:
                                   if given else "sampled from the target with these settings, seeded per (prompt, "
                                                 "sample)"),
                 "rollouts": opts.rollouts if self.sampled_drafts else None,
-                "expectation_floor": floor if not self.sampled_drafts and self.topk == 1 else None,
+                "expectation_floor": None if self.sampled_drafts else floor,
                 "quantities": {**QUANTITIES,
                                "by_num_steps.summary": "realized along the sampled trajectories (one-hot rules): "
                                                        "the same counts as the greedy profile's, on these texts"}}

@@ -29,21 +29,26 @@ PROB_ELEMENTS = 1 << 25          # logits entries turned into probabilities at o
 def probs_at(logits: torch.Tensor, tokens: torch.Tensor, decoding, rows: torch.Tensor | None = None) -> torch.Tensor:
     """logits [L, V] (any float dtype), tokens [N, M] (target ids, -1 = nothing asked) -> [N, M] float32:
     p(token) with p = target_probs(logits[rows[n]]) (rows [N]; default: row n), 0 where nothing was asked.
-    A bounded number of rows is turned into probabilities at a time."""
+    A bounded number of rows is turned into probabilities at a time, each distinct row once."""
     v = logits.shape[-1]
     n = tokens.shape[0]
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=logits.device)
     if n == 0 or tokens.numel() == 0:
         return out
     tokens = tokens.to(logits.device)
+    rows = torch.arange(n, device=logits.device) if rows is None else rows.to(logits.device)
+    distinct, which = torch.unique(rows, return_inverse=True)                       # which: entry -> distinct row
+    order = torch.argsort(which, stable=True)
+    bounds = torch.searchsorted(which[order], torch.arange(0, distinct.numel() + 1, device=rows.device)).tolist()
     step = max(1, PROB_ELEMENTS // v)
-    for i in range(0, n, step):
-        ask = tokens[i: i + step]
+    for i in range(0, distinct.numel(), step):
+        entries = order[bounds[i]: bounds[min(i + step, distinct.numel())]]
+        ask = tokens[entries]
         asked = ask >= 0
         if not bool(asked.any()):
             continue
-        block = logits[i: i + step] if rows is None else logits[rows[i: i + step].to(logits.device)]
-        out[i: i + step] = target_probs(block, decoding).gather(-1, ask.clamp(min=0)) * asked
+        p = target_probs(logits[distinct[i: i + step]], decoding)
+        out[entries] = p[which[entries] - i].gather(-1, ask.clamp(min=0)) * asked
     return out
 
 

@@ -128,10 +128,10 @@ def profile_batch_sampled(spec: Speculator, items: list, max_steps: int, max_new
         return results
     from eagle_eval.speculative.expected_trees import tree_expectations
 
-    trees = tree_expectations(spec, tf.cache, tf.width, tf.logits, tf.aux, tf.ids, tf.starts, tf.lengths, max_steps,
-                              max_new_tokens, topk, tree_shapes, decoding, chunk_tokens)
-    for res, (runs, at_least) in zip(results, trees):
-        res.tree_runs, res.expected = runs, Expected(trees=at_least)
+    trees = tree_expectations(spec, tf, max_steps, max_new_tokens, topk, tree_shapes, decoding, chunk_tokens, floor)
+    for res, tree in zip(results, trees):
+        res.tree_runs = tree.runs
+        res.expected = Expected(trees=tree.at_least, cut=tree.cut, branch_nodes=tree.branch_nodes)
     return results
 
 
