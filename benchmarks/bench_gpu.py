@@ -89,10 +89,11 @@ def build(shape, device, dtype):
     return model, head.to(device=device, dtype=dtype).eval()
 
 
-def make_oracle(model, head, num_steps, max_new, aux_hf=None):
-    """An Oracle over an in-memory target + head; aux_hf: HF indices (default: the engine defaults)."""
+def make_oracle(model, head, num_steps, max_new, aux_hf=None, **more):
+    """An Oracle over an in-memory target + head; aux_hf: HF indices (default: the engine defaults); more: other
+    settings (topk, num_draft_tokens)."""
     settings = Settings.of(num_steps=num_steps, max_new_tokens=max_new, draft_embedding="target",
-                           aux_layers=aux_hf, aux_convention="hf")
+                           aux_layers=aux_hf, aux_convention="hf", **more)
     return oracle_from_models(model, head, settings)
 
 

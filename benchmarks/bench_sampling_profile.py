@@ -9,8 +9,8 @@ Times, each the median of --reps runs after a warm-up, greedy and T > 0 in turn,
   given responses   the same with the continuations given (greedy: the greedy ones; T > 0: the sampled ones,
                     taken as they are): no generation (greedy: re-profiled where bf16 near-ties move the argmax)
   pass only         the batch function alone on the same batches: the teacher-forced pass, the drafting and
-                    the expectations, nothing else (chains only)
---topk K --num-draft-tokens D: trees (SGLang's rule unless --accept-rule says another), the bundled pair.
+                    the expectations, nothing else
+--topk K --num-draft-tokens D: trees (SGLang's rule unless --accept-rule says another).
 and the ratio T > 0 / greedy of each (the bound asked for: <= 1.3). The T > 0 profile reads p on the
 continuation where the drafts follow it and runs the other drafts as branch tokens over the pass's cache:
 `branch_tokens_per_start` says how many it ran. With random weights no draft follows a sampled
@@ -58,7 +58,7 @@ def side_by_side(greedy, sampled, reps: int) -> tuple[float, float, object, obje
 
 
 def branch_tokens_per_start(profiled, max_new: int) -> float:
-    """Target tokens the T > 0 profile ran off the continuation, per start (chains)."""
+    """Target tokens the T > 0 profile ran off the continuation, per start."""
     return sum(p.expected.branch_nodes for p in profiled) / max(1, max_new * len(profiled))
 
 
@@ -76,9 +76,15 @@ def pass_only(oracle, sampled, g, s, args) -> tuple[float, float]:
     items_s = [(p.prompt, p.continuation) for p in s.profiled]
     batches = list(prof.batches([p.input_ids + c for p, c in items_g], 0, args.batch_tokens))
     dec = sampled.settings.decoding
+    topk = oracle.resolved.topk
+    shapes = None
+    if topk > 1:                                     # the shapes the profile runs: the config's D per S
+        from eagle_eval.commands.profiled import tree_shapes
+
+        shapes = sorted(tree_shapes(oracle.resolved, ProfileOptions(max_steps=k))[0].items())
     t_g, t_s, _, _ = side_by_side(
-        lambda: [prof.profile_batch(spec, [items_g[j] for j in b], k, max_new, pad) for b in batches],
-        lambda: [profile_batch_sampled(spec, [items_s[j] for j in b], k, max_new, pad, dec,
+        lambda: [prof.profile_batch(spec, [items_g[j] for j in b], k, max_new, pad, topk, shapes) for b in batches],
+        lambda: [profile_batch_sampled(spec, [items_s[j] for j in b], k, max_new, pad, dec, topk, shapes,
                                        floor=args.expectation_floor) for b in batches], args.reps)
     return t_g, t_s
 
@@ -95,7 +101,7 @@ def run(oracle, prompts, args) -> dict:
     t_greedy_r, t_sampled_r, _, s_r = side_by_side(lambda: profile_prompts(oracle, prompts, opts, g_conts),
                                                    lambda: profile_prompts(sampled, prompts, opts, s_conts), args.reps)
     tree = oracle.resolved.topk > 1
-    t_pass_g, t_pass_s = (None, None) if tree else pass_only(oracle, sampled, g, s, args)
+    t_pass_g, t_pass_s = pass_only(oracle, sampled, g, s, args)
     key = str(args.max_steps)
     return {
         "prompts": len(prompts), "max_new_tokens": oracle.settings.workload.max_new_tokens,
@@ -107,7 +113,7 @@ def run(oracle, prompts, args) -> dict:
         "greedy_responses_s": t_greedy_r, "sampled_responses_s": t_sampled_r,
         "ratio_given_responses": t_sampled_r / t_greedy_r,
         "greedy_pass_s": t_pass_g, "sampled_pass_s": t_pass_s,
-        "ratio_pass_only": None if tree else t_pass_s / t_pass_g,         # trees: not split out
+        "ratio_pass_only": t_pass_s / t_pass_g,
         "branch_tokens_per_start": branch_tokens_per_start(s.profiled, oracle.settings.workload.max_new_tokens),
         "sequence_tokens": sum(len(p.prompt.input_ids) + len(p.continuation) for p in s.profiled),
         "branch_tokens": sum(p.expected.branch_nodes for p in s.profiled),
@@ -127,7 +133,8 @@ def random_pair(args):
 
     gpu = torch.cuda.is_available()
     model, head = build(args.random, "cuda:0" if gpu else "cpu", torch.bfloat16 if gpu else torch.float32)
-    oracle = make_oracle(model, head, 5, args.max_new_tokens)
+    trees = dict(topk=args.topk, num_draft_tokens=args.num_draft_tokens) if args.topk > 1 else {}
+    oracle = make_oracle(model, head, 5, args.max_new_tokens, **trees)
     g = torch.Generator().manual_seed(1)
     ids = [torch.randint(10, SHAPES[args.random]["vocab"], (128,), generator=g).tolist() for _ in range(args.prompts)]
     return oracle, [Prompt(id=f"p{i}", category="", input_ids=p) for i, p in enumerate(ids)]
@@ -143,7 +150,7 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--topk", type=int, default=1, help="> 1: trees (the bundled pair only)")
+    ap.add_argument("--topk", type=int, default=1, help="> 1: trees")
     ap.add_argument("--num-draft-tokens", type=int, default=None, help="trees: verify nodes, root included")
     ap.add_argument("--accept-rule", default=None, help="default: vllm for chains, sglang for trees")
     ap.add_argument("--batch-tokens", type=int, default=None, help="default 16384 (bundled), 32768 (--random)")
@@ -151,8 +158,6 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None, help="write bench_sampling_profile.json into this folder")
     args = ap.parse_args()
-    if args.random and args.topk > 1:
-        ap.error("--topk > 1 runs on the bundled pair only (the random shapes are built as chains)")
     if args.random:
         args.max_new_tokens = args.max_new_tokens or 256
         args.batch_tokens = args.batch_tokens or 32768
@@ -170,9 +175,8 @@ def main():
               "the bundled pair",
               "torch": torch.__version__, **run(oracle, prompts, args)}
     print(json.dumps(result, indent=2))
-    alone = "" if result["ratio_pass_only"] is None else (
-        f", {result['ratio_pass_only']:.2f}x the pass alone ({result['branch_tokens_per_start']:.2f} branch tokens "
-        f"per start)")
+    alone = (f", {result['ratio_pass_only']:.2f}x the pass alone ({result['branch_tokens_per_start']:.2f} branch "
+             f"tokens per start)")
     shape = f"trees topk {result['topk']}, {result['num_draft_tokens']} nodes, " if result["topk"] > 1 else ""
     print(f"\nprofile at T = {args.temperature} ({shape}{result['accept_rule']}) vs greedy: "
           f"{result['ratio_with_generation']:.2f}x with generation, "

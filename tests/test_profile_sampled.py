@@ -521,9 +521,11 @@ def test_ablate_takes_temperature_as_one_more_axis(oracle):
 
 
 @pytest.mark.slow
-def test_sampling_benchmark_runs_its_gpu_code_tiny_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("trees", [[], ["--topk", "3", "--num-draft-tokens", "6"]])
+def test_sampling_benchmark_runs_its_gpu_code_tiny_on_the_cpu(tmp_path, trees):
     """benchmarks/bench_sampling_profile.py --random tiny: the --random 8b path (random weights, the ratios
-    measured side by side), at tiny shapes; the sampled profile reads the same with its own continuations given."""
+    measured side by side), at tiny shapes, chains and trees; the sampled profile reads the same with its own
+    continuations given."""
     import subprocess
     import sys
 
@@ -531,10 +533,12 @@ def test_sampling_benchmark_runs_its_gpu_code_tiny_on_the_cpu(tmp_path):
 
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_sampling_profile.py"), "--random", "tiny",
            "--prompts", "3", "--max-new-tokens", "10", "--max-steps", "4", "--reps", "1", "--out", str(tmp_path)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    subprocess.run(cmd + trees, check=True, capture_output=True, timeout=300)
     result = json.loads((tmp_path / "bench_sampling_profile.json").read_text())
     assert result["same_with_responses"] is True and result["ratio_with_generation"] > 0
-    assert 0 < result["branch_tokens"] <= result["prompts"] * 10 * 3          # at most max_steps - 1 per start
+    assert result["ratio_pass_only"] > 0 and result["topk"] == (3 if trees else 1)
+    nodes_per_start = 3 if not trees else 3 * 3     # chains: max_steps - 1; trees: the pool's K parents on 3 levels
+    assert 0 < result["branch_tokens"] <= result["prompts"] * 10 * nodes_per_start
 
 
 @pytest.mark.slow
@@ -552,5 +556,5 @@ def test_sampling_benchmark_runs_trees_on_the_bundled_pair(tmp_path):
     result = json.loads((tmp_path / "bench_sampling_profile.json").read_text())
     assert (result["topk"], result["num_draft_tokens"], result["accept_rule"]) == (3, 6, "sglang")
     assert result["same_with_responses"] is True and result["ratio_with_generation"] > 0
-    assert result["ratio_pass_only"] is None
+    assert result["ratio_pass_only"] > 0
     assert 1 <= result["sampled_expected_along"] <= 4                       # at most max_steps + 1 per step
