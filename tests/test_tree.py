@@ -9,7 +9,7 @@ from eagle_eval.settings import ConfigError, Settings
 from eagle_eval.speculative import chain
 from eagle_eval.speculative.draft import DraftState
 from eagle_eval.speculative.greedy import plain_greedy
-from eagle_eval.speculative.tree import Pool, accept_path, pool_size, select_tree
+from eagle_eval.speculative.tree import Pool, accept_path, pool_size, select_tree, stable_top
 
 
 def test_hand_built_tree():
@@ -36,6 +36,23 @@ def test_hand_built_tree():
     path = accept_path(tree, [11, 0, 22, 0, 0, 32, 5])
     assert path == [0, 2, 5, 6] and not tree.on_top1_chain(path)
     assert tree.on_top1_chain(accept_path(tree, [10, 20, 0, 0, 0, 0, 0]))
+
+
+def test_stable_top_is_the_head_of_a_stable_descending_sort():
+    """stable_top (topk, then the full sort only where the n-th value ties outside the n) against the first n
+    of torch's stable descending sort, on rows full of ties (values in fifths) and on tie-free rows, 1-D and
+    batched."""
+    g = torch.Generator().manual_seed(0)
+    tied_rows = 0
+    for trial in range(200):
+        v = int(torch.randint(1, 40, (1,), generator=g))
+        n = int(torch.randint(1, v + 1, (1,), generator=g))
+        x = torch.rand(5, v, generator=g) if trial % 3 == 0 else torch.randint(0, 6, (5, v), generator=g) / 5
+        want = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :n]
+        assert torch.equal(stable_top(x, n), want), (x, n)
+        assert torch.equal(stable_top(x[0], n), want[0])
+        tied_rows += int(((x >= x.gather(-1, want[:, -1:])).sum(-1) > n).sum())
+    assert tied_rows > 100                              # the fallback ran, not only topk
 
 
 def test_child_with_probability_one_follows_its_parent():

@@ -226,8 +226,8 @@ def unroll_trees(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
     real = torch.arange(t, device=device)[None] <= starts[:, None]                   # [P, T]
 
     def top(probs):                                                                 # stable top-k, last dim
-        s = torch.sort(probs, dim=-1, descending=True, stable=True)
-        return s.values[..., :k], s.indices[..., :k]
+        idx = stable_top(probs, k)
+        return probs.gather(-1, idx), idx
 
     top_p, top_i = top(torch.softmax(head.logits(out0[starts]), dim=-1))            # [P, K]
     tokens, scores = [head.to_target_ids(top_i)], [top_p]

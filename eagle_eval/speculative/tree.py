@@ -62,8 +62,24 @@ class Tree:
 
 
 def stable_top(scores: torch.Tensor, n: int) -> torch.Tensor:
-    """Indices of the n largest scores, ties to the lower index (deterministic)."""
-    return torch.sort(scores, descending=True, stable=True).indices[:n]
+    """Indices of the n largest scores along the last dim, largest first, ties to the lower index: the first n
+    of a stable descending sort. `topk` finds them; a row whose n-th largest value is tied with a value outside
+    the n falls back to the full stable sort (topk's choice among ties is unspecified).
+
+    >>> stable_top(torch.tensor([0.1, 0.3, 0.3, 0.2, 0.3]), 2).tolist()
+    [1, 2]
+    """
+    n = min(n, scores.shape[-1])
+    if n == 0:
+        return torch.zeros(*scores.shape[:-1], 0, dtype=torch.long, device=scores.device)
+    idx = scores.topk(n, dim=-1).indices.sort(dim=-1).values                      # the set, index order
+    vals = scores.gather(-1, idx)
+    order = idx.gather(-1, torch.sort(vals, dim=-1, descending=True, stable=True).indices)
+    tied = (scores >= vals.min(dim=-1, keepdim=True).values).sum(-1) > n          # the n-th value ties outside
+    if bool(tied.any()):
+        full = torch.sort(scores[tied], dim=-1, descending=True, stable=True).indices[..., :n]
+        order[tied] = full
+    return order
 
 
 def select_tree(pool: Pool, root_token: int, num_draft_tokens: int) -> Tree:
