@@ -51,12 +51,11 @@ class _Trees:
     def k(self) -> int:
         return int((self.depths[0] == 1).sum())
 
-    def children_selected(self, sel: torch.Tensor) -> torch.Tensor:
-        """[G, N]: some child of the node is in the tree `sel` [G, N] (a node without children: False)."""
+    def children_selected(self, sel: torch.Tensor, child_block: torch.Tensor) -> torch.Tensor:
+        """[G, N]: some child of the node is in the tree `sel` [G, N] (child_block: `_child_blocks`)."""
         g, n = sel.shape
         block_any = sel.view(g, n // self.k, self.k).any(-1)                            # [G, N/K]
-        kids = _child_blocks(self.parents, self.k)
-        return (kids >= 0) & block_any.gather(1, kids.clamp(min=0))
+        return (child_block >= 0) & block_any.gather(1, child_block.clamp(min=0))
 
     def judge_all(self, decoding) -> None:
         """`reach` of every node in every shape from the p read so far (a node whose block is unread: 0)."""
@@ -178,12 +177,12 @@ def _follow_off_continuation(trees: _Trees, spec: Speculator, tf, decoding, chun
         above = torch.where(par < 0, torch.zeros_like(par), off_depth.gather(1, par.clamp(min=0)))
         off_depth[:, cols] = torch.where(on[:, cols], torch.zeros_like(par), above + 1)
     context_end = trees.pair[:, None] + 1 + depths - off_depth                         # the last node on it
-    has_kids = torch.stack([trees.children_selected(sel) for sel in trees.selected.values()])   # [shapes, G, N]
+    child_block = _child_blocks(parents, k)
+    has_kids = torch.stack([trees.children_selected(sel, child_block) for sel in trees.selected.values()])
     column = torch.full_like(tokens, -1)                                               # the node's cache column
     cut = torch.zeros(g, dtype=torch.float64, device=tokens.device)
     nodes = torch.zeros(b, dtype=torch.long, device=tokens.device)
     blocks = torch.arange(n, device=tokens.device).view(n // k, k)
-    child_block = _child_blocks(parents, k)
     extended = None
     try:
         for j in range(1, int(depths.max())):
