@@ -454,8 +454,37 @@ def plan_command(json_path, **kw):
     sys.exit(0 if plan.fits else 1)
 
 
+def entry(args: list[str] | None = None) -> None:
+    """The `eagle-eval` script and `python -m eagle_eval`: `main`, and in a process of a launched run an end
+    without the interpreter's finalisation, with the command's own status (`group.exit_process`). An
+    unexpected error still prints its traceback and ends with status 1."""
+    try:
+        main(args=args, prog_name="eagle-eval")
+    except SystemExit as exc:
+        status = exc.code
+        if not _launched():
+            raise
+    except BaseException:
+        if not _launched():
+            raise
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    from eagle_eval.parallel import group
+
+    group.exit_process(status)
+
+
+def _launched() -> bool:
+    """This process joined a launched run's group (`_join_launch`)."""
+    from eagle_eval.parallel import group
+
+    return group.current().world > 1
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["reference"]:
         print(reference_markdown(), end="")
     else:
-        main()
+        entry()

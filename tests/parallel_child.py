@@ -6,6 +6,8 @@ to die or to be given other settings than its peers (tests/test_parallel.py).
     EAGLE_EVAL_TEST_ARGS="R:ARGS"   rank R gets ARGS after the command's own (e.g. "1:--num-steps 4")
     EAGLE_EVAL_TEST_SLOW="S"        every decode of every rank first sleeps S seconds
     EAGLE_EVAL_TEST_GATE=FILE       every decode of every rank first waits until FILE exists
+    EAGLE_EVAL_TEST_MARK=DIR        rank R writes DIR/atexit.R from an exit handler and DIR/finalised.R from
+                                    an object's __del__ during the interpreter's finalisation
     python tests/parallel_child.py group OUT.json
                                     the group scenarios of test_parallel.py, rank 0 writing OUT.json
 """
@@ -91,16 +93,37 @@ def group_scenarios(out_path: str) -> None:
     Path(f"{out_path}.threads.{g.rank}").write_text(json.dumps({"before": before, "after": threads()}))
 
 
+class _Finalised:
+    """Writes its file when the interpreter's finalisation clears this module (not before)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __del__(self):
+        self.path.write_text("finalised")
+
+
+def _exit_marks(rank: int) -> None:
+    mark = os.environ.get("EAGLE_EVAL_TEST_MARK")
+    if not mark:
+        return
+    import atexit
+
+    atexit.register(lambda: (Path(mark) / f"atexit.{rank}").write_text("ran"))
+    globals()["_FINALISED"] = _Finalised(Path(mark) / f"finalised.{rank}")
+
+
 def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     if sys.argv[1:2] == ["group"]:
         group_scenarios(sys.argv[2])
         return
+    _exit_marks(rank)
     _decode_hooks(rank)
     sys.argv += _extra_args(rank)
-    from eagle_eval.cli import main as cli
+    from eagle_eval.cli import entry
 
-    cli(prog_name="eagle-eval")
+    entry()
 
 
 if __name__ == "__main__":

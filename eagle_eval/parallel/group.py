@@ -11,6 +11,7 @@ All ranks call the same operations in the same order (they are collectives): `al
 (from rank 0), `on_main(fn)` (fn on rank 0 only; its error stops every rank), `check_same(what,
 digests)` (refuses a run whose ranks disagree, naming the first key), `map_shards(items, fn, weight)`
 (a static balanced split, fn on each rank's part, the results all-gathered back in item order).
+The CLI ends a launched process by `exit_process(status)`: exit handlers, flush, no finalisation.
 
 Why gloo, on GPU machines too: what the ranks exchange is Python objects (records, ids, digests),
 which torch.distributed pickles into byte tensors; over NCCL they would be staged through GPU memory
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
+import typing
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
@@ -264,6 +267,35 @@ def _leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()
+
+
+def exit_process(status) -> typing.NoReturn:
+    """End a process of a launched run (WORLD_SIZE > 1) with `status` (SystemExit's code: None = 0, an int,
+    or a message = 1) without the interpreter's finalisation: the exit handlers run (`_leave` among them,
+    and every library's), stdout and stderr are flushed, then `os._exit`.
+
+    Why: a process that had finished its work and written its results still died now and then with SIGABRT
+    at exit ("terminate called without an active exception": a C++ thread or static destructor of
+    torch.distributed meeting a half-finalised interpreter), seen under load after `_leave` had joined the
+    groups' threads; torchrun then reports the run failed. Nothing of a run is left to finalisation: every
+    results file is closed when its writer returns (and what a closed file holds is the OS's, which
+    `os._exit` keeps)."""
+    if status is None:
+        code = 0
+    elif isinstance(status, int):
+        code = status
+    else:
+        print(status, file=sys.stderr)
+        code = 1
+    try:
+        atexit._run_exitfuncs()          # what `sys.exit` would run; CPython's own entry point for it
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 _ALONE = Group()
