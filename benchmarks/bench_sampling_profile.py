@@ -67,7 +67,8 @@ def pass_only(oracle, sampled, g, s, args) -> tuple[float, float]:
     `profile_sampled.profile_batch_sampled` (T > 0): forward, drafting, run lengths, expectations; no generation,
     no report, no re-profiling of a continuation the greedy check finds off the argmax (bf16 near-ties)."""
     from eagle_eval.speculative import profile as prof
-    from eagle_eval.speculative.profile_sampled import profile_batch_sampled
+    from eagle_eval.speculative.expected import PROBABILISTIC_RULES
+    from eagle_eval.speculative.profile_sampled import profile_batch_sampled, profile_batch_weighted
 
     spec, k, max_new = oracle.speculator, args.max_steps, oracle.settings.workload.max_new_tokens
     tok = oracle.tokenizer
@@ -84,7 +85,9 @@ def pass_only(oracle, sampled, g, s, args) -> tuple[float, float]:
         shapes = sorted(tree_shapes(oracle.resolved, ProfileOptions(max_steps=k))[0].items())
     t_g, t_s, _, _ = side_by_side(
         lambda: [prof.profile_batch(spec, [items_g[j] for j in b], k, max_new, pad, topk, shapes) for b in batches],
-        lambda: [profile_batch_sampled(spec, [items_s[j] for j in b], k, max_new, pad, dec, topk, shapes,
+        lambda: [profile_batch_weighted(spec, [items_s[j] for j in b], k, max_new, pad, dec)
+                 if dec.accept_rule in PROBABILISTIC_RULES else
+                 profile_batch_sampled(spec, [items_s[j] for j in b], k, max_new, pad, dec, topk, shapes,
                                        floor=args.expectation_floor) for b in batches], args.reps)
     return t_g, t_s
 
@@ -98,8 +101,12 @@ def run(oracle, prompts, args) -> dict:
                                              lambda: profile_prompts(sampled, prompts, opts), args.reps)
     g_conts = [p.continuation for p in g.profiled]
     s_conts = [p.continuation for p in s.profiled]
-    t_greedy_r, t_sampled_r, _, s_r = side_by_side(lambda: profile_prompts(oracle, prompts, opts, g_conts),
-                                                   lambda: profile_prompts(sampled, prompts, opts, s_conts), args.reps)
+    if s.report["sampling"]["draft_estimator"] is None:
+        t_greedy_r, t_sampled_r, _, s_r = side_by_side(lambda: profile_prompts(oracle, prompts, opts, g_conts),
+                                                       lambda: profile_prompts(sampled, prompts, opts, s_conts),
+                                                       args.reps)
+    else:        # sampled drafts: given responses need rollouts (the one-pass estimate weights sampled texts)
+        t_greedy_r = t_sampled_r = s_r = None
     tree = oracle.resolved.topk > 1
     t_pass_g, t_pass_s = pass_only(oracle, sampled, g, s, args)
     key = str(args.max_steps)
@@ -111,17 +118,20 @@ def run(oracle, prompts, args) -> dict:
         "topk": oracle.resolved.topk, "num_draft_tokens": oracle.resolved.num_draft_tokens if tree else None,
         "greedy_s": t_greedy, "sampled_s": t_sampled, "ratio_with_generation": t_sampled / t_greedy,
         "greedy_responses_s": t_greedy_r, "sampled_responses_s": t_sampled_r,
-        "ratio_given_responses": t_sampled_r / t_greedy_r,
+        "ratio_given_responses": t_sampled_r / t_greedy_r if t_sampled_r else None,
         "greedy_pass_s": t_pass_g, "sampled_pass_s": t_pass_s,
         "ratio_pass_only": t_pass_s / t_pass_g,
         "branch_tokens_per_start": branch_tokens_per_start(s.profiled, oracle.settings.workload.max_new_tokens),
         "sequence_tokens": sum(len(p.prompt.input_ids) + len(p.continuation) for p in s.profiled),
         "branch_tokens": sum(p.expected.branch_nodes for p in s.profiled),
         "greedy_tau": g.report["by_num_steps"][key]["summary"]["accept_length"],
-        "sampled_tau": s.report["by_num_steps"][key]["summary"]["accept_length"],
-        "sampled_expected_along": s.report["by_num_steps"][key]["expected"]["along_trajectories"][
+        # sampled drafts: no realized counts (the accepted count is not a function of the text), per-context only
+        "sampled_tau": s.report["by_num_steps"][key].get("summary", {}).get("accept_length"),
+        "sampled_expected_along": s.report["by_num_steps"][key]["expected"].get("along_trajectories", {}).get(
+            "expected_tokens_per_step", {}).get("value"),
+        "sampled_expected_per_context": s.report["by_num_steps"][key]["expected"]["per_context"][
             "expected_tokens_per_step"]["value"],
-        "same_with_responses": s_r.report["by_num_steps"] == s.report["by_num_steps"],
+        "same_with_responses": s_r.report["by_num_steps"] == s.report["by_num_steps"] if s_r else None,
     }
 
 
@@ -180,7 +190,8 @@ def main():
     shape = f"trees topk {result['topk']}, {result['num_draft_tokens']} nodes, " if result["topk"] > 1 else ""
     print(f"\nprofile at T = {args.temperature} ({shape}{result['accept_rule']}) vs greedy: "
           f"{result['ratio_with_generation']:.2f}x with generation, "
-          f"{result['ratio_given_responses']:.2f}x with the continuations given{alone}")
+          + (f"{result['ratio_given_responses']:.2f}x with the continuations given"
+             if result["ratio_given_responses"] else "no given-continuations run (sampled drafts)") + alone)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench_sampling_profile.json").write_text(json.dumps(result, indent=2))

@@ -487,8 +487,10 @@ class ProfileOptions(Group):
                                    "start's `cut`). The report counts the starts cut and their largest cut. "
                                    "0 = exact up to float rounding (about 3x the greedy profile's time unfiltered "
                                    "at temperature 1).")
-    rollouts: int = opt(8, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: paths per start of the "
-                        "unbiased estimate of P(A >= i), i >= 2 (its variance is reported).")
+    rollouts: int = opt(0, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: 0 = estimate P(A >= i), "
+                        "i >= 2, along the sampled continuation itself (importance-weighted, unbiased, no extra target "
+                        "forward); M >= 1 = M draft paths per start drawn from min(p, q) (unbiased, its variance per "
+                        "start reported; M x (max_steps - 1) target tokens per start). --responses needs M >= 1.")
 
     def profile_options(self) -> "ProfileOptions":
         """The ProfileOptions part (an AblateOptions is one too)."""
@@ -497,7 +499,7 @@ class ProfileOptions(Group):
     def validate(self):
         at_least(self.max_steps, 1, "--max-steps")
         at_least(self.batch_tokens, 1, "--batch-tokens")
-        at_least(self.rollouts, 1, "--rollouts")
+        at_least(self.rollouts, 0, "--rollouts")
         if not 0 <= self.expectation_floor < 1:
             raise ConfigError(f"--expectation-floor must be in [0, 1), got {self.expectation_floor}")
         if self.responses is not None and not Path(self.responses).is_file():

@@ -410,6 +410,90 @@ def _check_rollouts(oracle, m, check_variance):
         assert 0.5 < reported / true < 2, (reported, true)
 
 
+@torch.no_grad()
+def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracle):
+    """The default sampled-draft estimate (speculative/weighted.py) from one continuation, at start t: P(A >= 1)
+    = alpha_1 exactly, and at depth 2 rho_1(x) alpha_2(x) with x the continuation's next token. Every x the
+    target can emit is put after the same context here (no sampling), each x's estimate is checked against
+    min(1, q_1(x) / p_1(x)) alpha_2(x) of plain forwards, and their average under p_1 against P(A >= 2) =
+    sum_x w_1(x) alpha_2(x): the estimate is unbiased exactly, not within an interval. Dropping the weights
+    (rho = 1) would miss it by far more than the tolerance (asserted); a token outside the reduced draft
+    vocab can never be a draft: its estimate is 0."""
+    from eagle_eval.speculative.profile_sampled import teacher_forced
+    from eagle_eval.speculative.weighted import weighted_expectations
+
+    decoding = DecodingSettings(temperature=1.5, accept_rule="vllm-probabilistic")
+    base = profile(oracle.with_(limit=2), ProfileOptions(max_steps=2), temperature=1.5,
+                   accept_rule="vllm-probabilistic")
+    spec, head = oracle.speculator, oracle.speculator.head
+    vocab = head.to_target_ids(torch.arange(head.config.draft_vocab_size))
+    for p, t in zip(base.profiled, (3, 6)):
+        ctx = p.prompt.input_ids + p.continuation[:t]
+        p1 = target_p(oracle, ctx, decoding).double()
+        outside = sorted(set(range(len(p1))) - set(vocab.tolist()))
+        state = draft_state(oracle, ctx)
+        q1 = draft_probs(head.logits(state.last_out)[0, -1], decoding).double()
+        w1 = torch.minimum(p1[vocab], q1)
+        xs = (w1 > 0).nonzero()[:, 0]                                    # draft ids the first draft can be
+        seqs = torch.tensor([ctx + [int(vocab[x])] for x in xs])
+        p2 = target_probs(spec.target.forward(seqs, None)[:, -1], decoding)[:, vocab]
+        many = DraftCache()
+        many.keys = state.cache.keys.expand(len(xs), -1, -1, -1)
+        many.values = state.cache.values.expand(len(xs), -1, -1, -1)
+        out = head.step(spec.embed(vocab[xs][:, None]), state.last_out.expand(len(xs), 1, -1),
+                        torch.full((len(xs), 1), len(ctx) - 1), many)
+        alpha2 = torch.minimum(p2, draft_probs(head.logits(out)[:, -1], decoding)).sum(-1).double()
+        exact2 = float((w1[xs] * alpha2).sum())
+        x_out = next(x for x in outside if p1[x] > 0)
+        items = [(p.prompt, p.continuation[:t] + [int(vocab[x]), 0]) for x in xs] + \
+            [(p.prompt, p.continuation[:t] + [x_out, 0])]
+        est = weighted_expectations(spec, teacher_forced(spec, items, 0), 2, t, decoding)[:, t - 1]   # [N + 1, 2]
+        assert torch.allclose(est[:, 0], w1.sum().expand(len(items)), atol=1e-5)
+        want = torch.minimum(torch.ones_like(alpha2), q1[xs] / p1[vocab[xs]]) * alpha2
+        assert torch.allclose(est[:-1, 1], want, atol=1e-5), (est[:-1, 1] - want).abs().max()
+        assert float(est[-1, 1]) == 0.0
+        assert float((p1[vocab[xs]] * est[:-1, 1]).sum()) == pytest.approx(exact2, abs=1e-5)
+        assert abs(float((p1[vocab[xs]] * alpha2).sum()) - exact2) > 1e-2
+
+
+@pytest.mark.slow
+def test_weighted_and_rollout_estimates_agree_along_the_whole_chain(oracle, monkeypatch):
+    """Both sampled-draft estimates, on the same sampled continuations (the seed fixes them), are unbiased for
+    every P(A >= k): per prompt, the mean over its starts of (weighted - rollouts) has mean 0, prompts being
+    independent; a t statistic over 24 prompts per position, |t| < 4. The weights dropped (rho = 1) give t
+    far beyond it at every k >= 2 (checked here on the same numbers)."""
+    from eagle_eval.speculative import weighted as weighted_module
+
+    dec = dict(temperature=1.2, accept_rule="vllm-probabilistic")
+    o = oracle.with_(limit=24)
+    weighted = profile(o, ProfileOptions(max_steps=4), **dec)
+    rolled = profile(o, ProfileOptions(max_steps=4, rollouts=4), **dec)
+    monkeypatch.setattr(weighted_module, "weight", lambda p, q: torch.ones_like(p))
+    planted = profile(o, ProfileOptions(max_steps=4), **dec)
+    assert [p.continuation for p in weighted.profiled] == [p.continuation for p in rolled.profiled]
+    assert weighted.report["sampling"]["draft_estimator"].startswith("importance-weighted")
+    assert rolled.report["sampling"]["draft_estimator"].startswith("4 rollouts")
+    a, b, bad = rows_by_key(weighted.per_start), rows_by_key(rolled.per_start), rows_by_key(planted.per_start)
+    assert a.keys() == b.keys() and all("variance" not in r for r in a.values())
+    assert len(weighted.profiled) == 24
+
+    def t_stat(x, k):
+        """t of the per-prompt mean over its starts of x - rollouts, at P(A >= k + 1)."""
+        diffs = []
+        for p in weighted.profiled:
+            keys = [key for key in x if key[0] == p.prompt.id and key[3] == 4]
+            diffs.append(sum(x[key]["p_accept_at_least"][k] - b[key]["p_accept_at_least"][k] for key in keys)
+                         / len(keys))
+        n, mean = len(diffs), sum(diffs) / len(diffs)
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+        return max(abs(d) for d in diffs) if k == 0 else mean / (sd / math.sqrt(n))
+
+    assert t_stat(a, 0) < 1e-5                                              # alpha_1: exact in both
+    ts, planted_ts = [t_stat(a, k) for k in (1, 2, 3)], [t_stat(bad, k) for k in (1, 2, 3)]
+    assert all(abs(t) < 4.0 for t in ts), ts
+    assert all(t > 8.0 for t in planted_ts), planted_ts
+
+
 def test_rules_the_profile_cannot_verify_are_refused(oracle):
     with pytest.raises(ConfigError, match="sglang-rs.*draft vocab"):
         profile(oracle, ProfileOptions(max_steps=2), temperature=1.0, accept_rule="sglang-rs")
@@ -442,6 +526,18 @@ def test_acceptance_along_a_sampled_trajectory_is_the_loops_prefix_match_on_it(o
             nonzero += sum(want)
         assert rec.id == p.prompt.id and rec.extra["sample"] == 0
     assert nonzero > 0
+
+
+def test_given_responses_with_sampled_drafts_need_rollouts(oracle, tmp_path):
+    base = profile(oracle.with_(limit=2), ProfileOptions(max_steps=2), temperature=1.0)
+    path = tmp_path / "responses.jsonl"
+    path.write_text("".join(json.dumps({"id": p.prompt.id, "output_ids": p.continuation[:8]}) + "\n"
+                            for p in base.profiled))
+    dec = dict(temperature=1.0, accept_rule="vllm-probabilistic")
+    with pytest.raises(ConfigError, match="--responses with --accept-rule vllm-probabilistic.*--rollouts M"):
+        profile(oracle.with_(limit=2), ProfileOptions(max_steps=2, responses=str(path)), **dec)
+    res = profile(oracle.with_(limit=2), ProfileOptions(max_steps=2, responses=str(path), rollouts=2), **dec)
+    assert all(len(r["variance"]) == r["num_steps"] for r in res.per_start)
 
 
 def test_responses_at_temperature_above_zero_are_taken_as_they_are(oracle, tmp_path):
@@ -539,6 +635,25 @@ def test_sampling_benchmark_runs_its_gpu_code_tiny_on_the_cpu(tmp_path, trees):
     assert result["ratio_pass_only"] > 0 and result["topk"] == (3 if trees else 1)
     nodes_per_start = 3 if not trees else 3 * 3     # chains: max_steps - 1; trees: the pool's K parents on 3 levels
     assert 0 < result["branch_tokens"] <= result["prompts"] * 10 * nodes_per_start
+
+
+@pytest.mark.slow
+def test_sampling_benchmark_runs_sampled_drafts_tiny_on_the_cpu(tmp_path):
+    """bench_sampling_profile.py --accept-rule vllm-probabilistic: the one-pass weighted estimate against the
+    greedy profile (no given-continuations run: given texts need rollouts), per-context figure only."""
+    import subprocess
+    import sys
+
+    from eagle_eval.settings import REPO_ROOT
+
+    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_sampling_profile.py"), "--random", "tiny",
+           "--prompts", "3", "--max-new-tokens", "10", "--max-steps", "4", "--reps", "1",
+           "--accept-rule", "vllm-probabilistic", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    result = json.loads((tmp_path / "bench_sampling_profile.json").read_text())
+    assert result["ratio_with_generation"] > 0 and result["ratio_pass_only"] > 0
+    assert result["ratio_given_responses"] is None and result["sampled_tau"] is None
+    assert result["branch_tokens"] == 0 and 1 <= result["sampled_expected_per_context"] <= 5
 
 
 @pytest.mark.slow

@@ -55,16 +55,20 @@ class _Profile:
         from tqdm import tqdm
 
         from eagle_eval.speculative import profile as prof
-        from eagle_eval.speculative.profile_sampled import profile_batch_rollouts, profile_batch_sampled
+        from eagle_eval.speculative.profile_sampled import (profile_batch_rollouts, profile_batch_sampled,
+                                                            profile_batch_weighted)
 
         spec, dec, k_max, opts = self.oracle.speculator, self.oracle.settings.decoding, self.options.max_steps, \
             self.options
         # rollouts multiply the drafting rows: the batch budget is shared among them
-        budget = max(1, opts.batch_tokens // opts.rollouts) if self.sampled_drafts else opts.batch_tokens
+        budget = max(1, opts.batch_tokens // opts.rollouts) if self.sampled_drafts and opts.rollouts else \
+            opts.batch_tokens
         batches = list(prof.batches([p.input_ids + c for p, _, c in self.seqs], 0, budget))
         for batch in tqdm(batches, desc="profile", unit="batch", disable=not progress):
             items = [(self.seqs[j][0], self.seqs[j][2]) for j in batch]
-            if self.sampled_drafts:
+            if self.sampled_drafts and not opts.rollouts:
+                got = profile_batch_weighted(spec, items, k_max, self.max_new, self.pad, dec)
+            elif self.sampled_drafts:
                 keys = [(self.seqs[j][0].id, self.seqs[j][1]) for j in batch]
                 got = profile_batch_rollouts(spec, items, keys, k_max, self.max_new, self.pad, dec, opts.rollouts)
             else:
@@ -102,7 +106,8 @@ class _Profile:
         for (prompt, sample, _), p in zip(self.seqs, self.profiled):
             unit = {"id": prompt.id, "category": prompt.category, "at_least": self.at_least(p, s, d)}
             if self.sampled_drafts:
-                unit["variance"] = p.expected.variance[: len(unit["at_least"]), :s].tolist()
+                if p.expected.variance is not None:
+                    unit["variance"] = p.expected.variance[: len(unit["at_least"]), :s].tolist()
             else:
                 rec = record_of(p, self.simulate(p, s, d))
                 rec.extra["sample"] = sample
@@ -124,7 +129,7 @@ class _Profile:
             n = self.starts(p)
             cut = p.expected.cut[:n].tolist() if p.expected.cut is not None else None
             cuts += [c for c in cut or [] if c > 0]
-            var = p.expected.variance[:n].tolist() if self.sampled_drafts else None
+            var = p.expected.variance[:n].tolist() if p.expected.variance is not None else None
             for s, d in (self.shapes or [(s, None) for s in range(1, self.options.max_steps + 1)]):
                 rows += per_start_rows(prompt.id, sample, self.at_least(p, s, d), s, d, var, cut)
         return rows, cuts
@@ -151,6 +156,13 @@ class _Profile:
                                   if given else "sampled from the target with these settings, seeded per (prompt, "
                                                 "sample)"),
                 "rollouts": opts.rollouts if self.sampled_drafts else None,
+                "draft_estimator": None if not self.sampled_drafts else (
+                    f"{opts.rollouts} rollouts per start: paths drawn from min(p, q) / sum min(p, q), the mean of "
+                    "the product of the overlaps; exact at i = 1, unbiased deeper, its variance per start in "
+                    "per_start rows (`variance`)" if opts.rollouts else
+                    "importance-weighted along the sampled continuation: prod_{i<k} min(1, q_i / p_i) at the "
+                    "continuation's tokens times sum min(p_k, q_k); exact at i = 1, unbiased deeper (one draw per "
+                    "start, no extra target forward); its noise is inside the interval over prompts"),
                 "expectation_floor": None if self.sampled_drafts else floor,
                 "quantities": {**QUANTITIES,
                                "by_num_steps.summary": "realized along the sampled trajectories (one-hot rules): "
@@ -189,8 +201,16 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
     from eagle_eval.commands.profiled import ProfileResult
     from eagle_eval.results.report import DEFINITIONS, provenance
 
+    from eagle_eval.settings import ConfigError
+    from eagle_eval.speculative.expected import PROBABILISTIC_RULES
+
     settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
     dec, tok = settings.decoding, oracle.tokenizer
+    if continuations is not None and dec.accept_rule in PROBABILISTIC_RULES and not options.rollouts:
+        raise ConfigError(f"--responses with --accept-rule {dec.accept_rule}: the default estimate (--rollouts 0) "
+                          "weights each start by the continuation after it, which must be sampled from the target "
+                          "at these settings; given responses need --rollouts M (M >= 1 draft paths per start, "
+                          "e.g. 8)")
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(oracle.eos_ids) if oracle.eos_ids else 0)
     run = _profile_shards(oracle, prompts, options, continuations, pad, progress)
     by_steps, samples, s_run, cycles = {}, [], min(r.num_steps, k_max), {}

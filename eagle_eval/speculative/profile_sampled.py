@@ -149,6 +149,20 @@ def profile_batch_rollouts(spec: Speculator, items: list, keys: list, max_steps:
             for i, (p, c) in enumerate(items)]
 
 
+@torch.no_grad()
+def profile_batch_weighted(spec: Speculator, items: list, max_steps: int, max_new_tokens: int, pad_id: int,
+                           decoding) -> list[Profiled]:
+    """The sampled-draft rules (chains) on continuations sampled from the target at these settings: P(A >= i)
+    exact at i = 1, importance-weighted along the continuation deeper (speculative/weighted.py), from the pass
+    alone. No run lengths: the accepted count is not a function of the text."""
+    from eagle_eval.speculative.weighted import weighted_expectations
+
+    tf = teacher_forced(spec, items, pad_id)
+    est = weighted_expectations(spec, tf, max_steps, max_new_tokens, decoding)
+    return [Profiled(prompt=p, continuation=c, run_lengths=[], expected=Expected(chain=est[i]))
+            for i, (p, c) in enumerate(items)]
+
+
 def chain_expectations(spec: Speculator, tf: _Pass, k_max: int, max_new: int, decoding, chunk_tokens: int,
                        floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(P(A >= i) [B, max_new, K] float64 of the chain from each start, the P(A >= i) at which each start's

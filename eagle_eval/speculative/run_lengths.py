@@ -29,7 +29,8 @@ class SparseChains:
     aux [B, T, k*H_t]: target features of x_0..x_{T-1}; token_embeds [B, T, H]: embeddings of x_1..x_T.
     `first` [B, T]: step 0's draft (target ids) at every pair q, the first draft of the chain started at q.
     `step(j, bi, qi, embeds)` runs step j at positions (bi, qi) (the chains started at qi - j), reading the
-    embeddings `embeds` [N, H] of their step-j input tokens, and returns their drafts [N] (target ids)."""
+    embeddings `embeds` [N, H] of their step-j input tokens, and returns their drafts [N] (target ids);
+    `step_out` the same step's hidden outputs [N, H] (the draft's logits are `head.lm` of them)."""
 
     @torch.no_grad()
     def __init__(self, head, aux: torch.Tensor, token_embeds: torch.Tensor, position_offset: int = 0):
@@ -50,10 +51,15 @@ class SparseChains:
 
     @torch.no_grad()
     def step(self, j: int, bi: torch.Tensor, qi: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        head, attn = self.head, self.head.attention
-        b, t = self.shape
         if bi.numel() == 0:
             return torch.zeros(0, dtype=torch.long, device=self.device)
+        return self.head.to_target_ids(self.head.lm(self.step_out(j, bi, qi, embeds)).argmax(-1))
+
+    @torch.no_grad()
+    def step_out(self, j: int, bi: torch.Tensor, qi: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """`step`'s hidden output [N, H] (its draft is the argmax of `head.lm` of it); bi non-empty."""
+        head, attn = self.head, self.head.attention
+        b, t = self.shape
         u, residual = head.attention_input(embeds[None], self.outs[j - 1][bi, qi - 1][None])     # [1, N, *]
         qs, ks, vs = attn.project(u, *head.rope((qi + self.position_offset)[None]))
         qs, ks, vs = qs[0].transpose(0, 1), attn.expand_kv(ks)[0].transpose(0, 1), attn.expand_kv(vs)[0].transpose(0, 1)
@@ -81,7 +87,7 @@ class SparseChains:
         self.spec_k[j - 1][bi, :, qi] = ks
         self.spec_v[j - 1][bi, :, qi] = vs
         self.outs[j][bi, qi] = out
-        return head.to_target_ids(head.lm(out).argmax(-1))
+        return out
 
 
 @torch.no_grad()
