@@ -239,6 +239,8 @@ def render_sampled_steps(report: dict) -> str:
     key = "along_trajectories" if along else "per_context"
     lines.append(f"P(A >= i) at S = {sections[-1][0]} ({key.replace('_', ' ')}): " + "  ".join(
         f"{p['position']}:{_iv(p['p_accept_at_least'])}" for p in last[key]["per_position"]))
+    if smp.get("draft_estimator"):
+        lines.append(f"sampled drafts, per-context P(A >= i) estimated (not exact past i = 1): {smp['draft_estimator']}")
     sd = last["per_context"].get("estimator_sd")
     if sd:
         lines.append(f"sampled drafts ({smp['rollouts']} rollouts per start): Monte-Carlo sd of the per-context figure "
