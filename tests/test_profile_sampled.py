@@ -574,6 +574,18 @@ def test_seeds_reproduce_runs_byte_for_byte(oracle, tmp_path):
     assert [p.continuation for p in d.profiled] != [p.continuation for p in a.profiled]
 
 
+@pytest.mark.parametrize("rollouts", [0, 2])
+def test_sampled_draft_estimates_reproduce_byte_for_byte(oracle, tmp_path, rollouts):
+    opts = ProfileOptions(max_steps=3, rollouts=rollouts)
+    dec = dict(temperature=1.1, accept_rule="vllm-probabilistic")
+    profile(oracle.with_(limit=3), opts, tmp_path / "a", **dec)
+    profile(oracle.with_(limit=3), opts, tmp_path / "b", **dec)
+    assert (tmp_path / "a" / "per_start.jsonl").read_bytes() == (tmp_path / "b" / "per_start.jsonl").read_bytes()
+    other = profile(oracle.with_(limit=3), opts, **dec, seed=1)
+    first = [json.loads(line) for line in (tmp_path / "a" / "per_start.jsonl").read_text().splitlines()]
+    assert [r["p_accept_at_least"] for r in first] != [r["p_accept_at_least"] for r in other.per_start]
+
+
 def test_profile_cli_at_temperature_above_zero(tmp_path):
     out = tmp_path / "cli"
     res = CliRunner().invoke(main, ["profile", "--temperature", "0.9", "--top-p", "0.9", "--limit", "3",
