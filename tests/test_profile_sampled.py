@@ -418,7 +418,8 @@ def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracl
     min(1, q_1(x) / p_1(x)) alpha_2(x) of plain forwards, and their average under p_1 against P(A >= 2) =
     sum_x w_1(x) alpha_2(x): the estimate is unbiased exactly, not within an interval. Dropping the weights
     (rho = 1) would miss it by far more than the tolerance (asserted); a token outside the reduced draft
-    vocab can never be a draft: its estimate is 0."""
+    vocab can never be a draft: its estimate is 0. Its variance, summed here over the same tokens, is within
+    the bound the docs give, P (1 - P)."""
     from eagle_eval.speculative.profile_sampled import teacher_forced
     from eagle_eval.speculative.weighted import weighted_expectations
 
@@ -454,6 +455,8 @@ def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracl
         assert float(est[-1, 1]) == 0.0
         assert float((p1[vocab[xs]] * est[:-1, 1]).sum()) == pytest.approx(exact2, abs=1e-5)
         assert abs(float((p1[vocab[xs]] * alpha2).sum()) - exact2) > 1e-2
+        var = float((p1[vocab[xs]] * est[:-1, 1] ** 2).sum()) - exact2 ** 2      # docs/sampling.md: its variance
+        assert 0 < var <= exact2 * (1 - exact2)
 
 
 @pytest.mark.slow
