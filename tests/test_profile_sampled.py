@@ -459,6 +459,21 @@ def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracl
         assert 0 < var <= exact2 * (1 - exact2)
 
 
+def test_weighted_estimate_is_the_same_in_row_chunks(oracle, monkeypatch):
+    """At an 8B vocab the target's p is taken a row or two at a time (CHUNK_ELEMENTS); one row per chunk gives
+    the same estimates as the whole batch at once."""
+    from eagle_eval.speculative import weighted as weighted_module
+
+    dec = dict(temperature=1.0, top_p=0.9, accept_rule="vllm-probabilistic")
+    whole = profile(oracle, ProfileOptions(max_steps=4), **dec)
+    monkeypatch.setattr(weighted_module, "CHUNK_ELEMENTS", 1)
+    rows = profile(oracle, ProfileOptions(max_steps=4), **dec)
+    a, b = rows_by_key(whole.per_start), rows_by_key(rows.per_start)
+    assert a.keys() == b.keys() and len(whole.profiled) > 1
+    assert all(x == pytest.approx(y, abs=1e-6) for k in a
+               for x, y in zip(a[k]["p_accept_at_least"], b[k]["p_accept_at_least"]))
+
+
 @pytest.mark.slow
 def test_weighted_and_rollout_estimates_agree_along_the_whole_chain(oracle, monkeypatch):
     """Both sampled-draft estimates, on the same sampled continuations (the seed fixes them), are unbiased for
