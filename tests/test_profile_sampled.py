@@ -410,8 +410,19 @@ def _check_rollouts(oracle, m, check_variance):
         assert 0.5 < reported / true < 2, (reported, true)
 
 
+@pytest.fixture(scope="module")
+def full_vocab(tmp_path_factory):
+    """A random tiny target and a head with the full vocab (sglang-rs refuses a reduced one)."""
+    from fixtures import make_head, make_target, write_prompts
+
+    root = tmp_path_factory.mktemp("full_vocab")
+    return api.load_oracle(Settings.of(target=str(make_target(root / "target")), draft=str(make_head(root / "head")),
+                                       prompts=str(write_prompts(root / "prompts.jsonl", n=2)), max_new_tokens=8))
+
+
 @torch.no_grad()
-def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracle):
+@pytest.mark.parametrize("case", ["bundled, vllm-probabilistic", "full vocab, sglang-rs, top-p 0.9"])
+def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracle, full_vocab, case):
     """The default sampled-draft estimate (speculative/weighted.py) from one continuation, at start t: P(A >= 1)
     = alpha_1 exactly, and at depth 2 rho_1(x) alpha_2(x) with x the continuation's next token. Every x the
     target can emit is put after the same context here (no sampling), each x's estimate is checked against
@@ -419,20 +430,24 @@ def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracl
     sum_x w_1(x) alpha_2(x): the estimate is unbiased exactly, not within an interval. Dropping the weights
     (rho = 1) would miss it by far more than the tolerance (asserted); a token outside the reduced draft
     vocab can never be a draft: its estimate is 0. Its variance, summed here over the same tokens, is within
-    the bound the docs give, P (1 - P)."""
+    the bound the docs give, P (1 - P). Both rules that sample drafts: vLLM's filter order on the bundled
+    pair's reduced vocab, SGLang's with top-p on a full-vocab head."""
     from eagle_eval.speculative.profile_sampled import teacher_forced
     from eagle_eval.speculative.weighted import weighted_expectations
 
-    decoding = DecodingSettings(temperature=1.5, accept_rule="vllm-probabilistic")
-    base = profile(oracle.with_(limit=2), ProfileOptions(max_steps=2), temperature=1.5,
-                   accept_rule="vllm-probabilistic")
-    spec, head = oracle.speculator, oracle.speculator.head
+    if case.startswith("bundled"):
+        o, dec, starts = oracle, dict(temperature=1.5, accept_rule="vllm-probabilistic"), (3, 6)
+    else:
+        o, dec, starts = full_vocab, dict(temperature=1.0, top_p=0.9, accept_rule="sglang-rs"), (2, 5)
+    decoding = DecodingSettings(**dec)
+    base = profile(o.with_(limit=2), ProfileOptions(max_steps=2), **dec)
+    spec, head = o.speculator, o.speculator.head
     vocab = head.to_target_ids(torch.arange(head.config.draft_vocab_size))
-    for p, t in zip(base.profiled, (3, 6)):
+    for p, t in zip(base.profiled, starts):
         ctx = p.prompt.input_ids + p.continuation[:t]
-        p1 = target_p(oracle, ctx, decoding).double()
-        outside = sorted(set(range(len(p1))) - set(vocab.tolist()))
-        state = draft_state(oracle, ctx)
+        p1 = target_p(o, ctx, decoding).double()
+        outside = [x for x in sorted(set(range(len(p1))) - set(vocab.tolist())) if p1[x] > 0][:1]
+        state = draft_state(o, ctx)
         q1 = draft_probs(head.logits(state.last_out)[0, -1], decoding).double()
         w1 = torch.minimum(p1[vocab], q1)
         xs = (w1 > 0).nonzero()[:, 0]                                    # draft ids the first draft can be
@@ -445,17 +460,17 @@ def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracl
                         torch.full((len(xs), 1), len(ctx) - 1), many)
         alpha2 = torch.minimum(p2, draft_probs(head.logits(out)[:, -1], decoding)).sum(-1).double()
         exact2 = float((w1[xs] * alpha2).sum())
-        x_out = next(x for x in outside if p1[x] > 0)
         items = [(p.prompt, p.continuation[:t] + [int(vocab[x]), 0]) for x in xs] + \
-            [(p.prompt, p.continuation[:t] + [x_out, 0])]
-        est = weighted_expectations(spec, teacher_forced(spec, items, 0), 2, t, decoding)[:, t - 1]   # [N + 1, 2]
+            [(p.prompt, p.continuation[:t] + [x, 0]) for x in outside]
+        est = weighted_expectations(spec, teacher_forced(spec, items, 0), 2, t, decoding)[:, t - 1]   # [N, 2]
         assert torch.allclose(est[:, 0], w1.sum().expand(len(items)), atol=1e-5)
+        n = len(xs)
         want = torch.minimum(torch.ones_like(alpha2), q1[xs] / p1[vocab[xs]]) * alpha2
-        assert torch.allclose(est[:-1, 1], want, atol=1e-5), (est[:-1, 1] - want).abs().max()
-        assert float(est[-1, 1]) == 0.0
-        assert float((p1[vocab[xs]] * est[:-1, 1]).sum()) == pytest.approx(exact2, abs=1e-5)
+        assert torch.allclose(est[:n, 1], want, atol=1e-5), (est[:n, 1] - want).abs().max()
+        assert (est[n:, 1] == 0).all() and len(outside) == (1 if case.startswith("bundled") else 0)
+        assert float((p1[vocab[xs]] * est[:n, 1]).sum()) == pytest.approx(exact2, abs=1e-5)
         assert abs(float((p1[vocab[xs]] * alpha2).sum()) - exact2) > 1e-2
-        var = float((p1[vocab[xs]] * est[:-1, 1] ** 2).sum()) - exact2 ** 2      # docs/sampling.md: its variance
+        var = float((p1[vocab[xs]] * est[:n, 1] ** 2).sum()) - exact2 ** 2        # docs/sampling.md: its variance
         assert 0 < var <= exact2 * (1 - exact2)
 
 
