@@ -223,37 +223,43 @@ class Oracle:
         with plain greedy decoding."""
         from eagle_eval.workload.data import check_length
 
-        r, max_new, decoding = self.resolved, self.settings.workload.max_new_tokens, self.settings.decoding
+        r, max_new = self.resolved, self.settings.workload.max_new_tokens
         _, max_positions, extra, bound = self.limits()
         check_length(prompt, max_positions, extra, "the workload", bound)
-        generator = None
-        if not decoding.greedy:
-            from eagle_eval.speculative.sampling import prompt_generator
-
-            generator = prompt_generator(decoding.seed, prompt.id, sample)
         d = speculative_decode(self.speculator, prompt.input_ids, r.num_steps, max_new, self.eos_ids, r.topk,
-                               r.num_draft_tokens, generator=generator)
+                               r.num_draft_tokens, generator=self._generator(prompt, sample))
         return self._record(prompt, d, check_lossless, sample)
+
+    def _generator(self, prompt: Prompt, sample: int = 0):
+        """The prompt's random stream at temperature > 0 (sampling.prompt_generator), None when greedy."""
+        decoding = self.settings.decoding
+        if decoding.greedy:
+            return None
+        from eagle_eval.speculative.sampling import prompt_generator
+
+        return prompt_generator(decoding.seed, prompt.id, sample)
 
     def loop_mode(self, batch_size: int = 1, cuda_graphs: bool = False) -> dict:
         """Which loop `decode_many` runs: the reference loop, or the batched one (batch_size > 1, or a chain
-        whose cycle can be replayed as a CUDA graph), and why graphs are not used when asked for."""
+        whose cycle can be replayed as a CUDA graph), and why graphs are not used when asked for. Every rule runs
+        batched (the policy's batched form, speculative/policy.py); a rule that draws on the host is not captured."""
         from eagle_eval.speculative.graphed import capture_blockers
 
-        reason = capture_blockers(self.speculator) if cuda_graphs else "--no-cuda-graphs"
-        if cuda_graphs and reason is None and self.resolved.topk > 1:
-            reason = "trees (--topk > 1) draft on the host: only chains are captured"
-        if not self.settings.decoding.greedy:
-            reason = "sampling (--temperature > 0) runs the reference loop"
+        reason = "--no-cuda-graphs"
+        if cuda_graphs:
+            reason = self.speculator.policy.rows(1).capture_blocker or capture_blockers(self.speculator)
+            if reason is None and self.resolved.topk > 1:
+                reason = "trees (--topk > 1) draft on the host: only chains are captured"
         graphs = cuda_graphs and reason is None
-        batched = self.settings.decoding.greedy and (graphs or batch_size > 1)
+        batched = graphs or batch_size > 1
         return {"batch_size": batch_size, "cuda_graphs": graphs, "cuda_graphs_reason": None if graphs else reason,
                 "loop": "batched" if batched else "reference"}
 
     def decode_many(self, prompts: list[Prompt], batch_size: int = 1, cuda_graphs: bool = False,
                     check_lossless: bool = False) -> list[SampleRecord]:
         """`decode` of every prompt, `batch_size` rows verified in one forward (speculative/batched.py), the
-        chain cycle replayed as a CUDA graph where `loop_mode` allows; the reference loop when it says so."""
+        chain cycle replayed as a CUDA graph where `loop_mode` allows; the reference loop when it says so. Each
+        prompt draws from its own stream, so the records equal `decode`'s whatever the batch size and order."""
         from eagle_eval.speculative.batched import batched_decode
         from eagle_eval.workload.data import check_length
 
@@ -265,7 +271,8 @@ class Oracle:
         for prompt in prompts:
             check_length(prompt, max_positions, extra, "the workload", bound)
         run = batched_decode(self.speculator, [p.input_ids for p in prompts], r.num_steps, max_new, self.eos_ids,
-                             batch_size, r.topk, r.num_draft_tokens, cuda_graphs=mode["cuda_graphs"])
+                             batch_size, r.topk, r.num_draft_tokens, cuda_graphs=mode["cuda_graphs"],
+                             generators=[self._generator(p) for p in prompts])
         return [self._record(p, d, check_lossless) for p, d in zip(prompts, run.decoded)]
 
     def _record(self, prompt: Prompt, d, check_lossless: bool, sample: int = 0) -> SampleRecord:

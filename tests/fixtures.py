@@ -30,11 +30,11 @@ def make_target(path: Path, family: str = "llama", num_layers: int = 8, hidden: 
     """Save a random tiny causal LM (fp32) and a tokenizer to `path`; `overrides` replace config fields."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1,
-                  eos_token_id=eos_token_id if eos_token_id is not None else 2, pad_token_id=0,
-                  **(overrides or {}))
+    common = {**dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                     initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1,
+                     eos_token_id=eos_token_id if eos_token_id is not None else 2, pad_token_id=0),
+              **(overrides or {})}
     if family == "llama":
         cfg = AutoConfig.for_model("llama", **common)
     elif family == "qwen3":

@@ -7,15 +7,21 @@ batched with other rows. Each row has its own cache length (models/static_cache.
 row, rollback = setting it; no holes, no copies for a chain), its own positions and its own accepted
 length; a row whose prompt is finished is refilled with the next prompt before the next cycle (the
 rows freed in one cycle, and all rows at the start, are prefilled together: `admit`, `prefill_groups`).
-Rows with no prompt left compute garbage that nothing reads and never advance.
+A row with no prompt is parked at length 0: it computes garbage that nothing reads, written in its first
+slots, and never advances. Room is checked on the host before every forward (`Rows.check_room`): a row's
+length plus the block it writes never passes the capacity (`capacity_for`), so no write can leave a row.
 
-One chain cycle (`chain_cycle`) is device work only, with fixed shapes, so speculative/graphed.py can
-capture it as one CUDA graph: S draft steps per row, one verify forward of [B, S+1], greedy acceptance
-on the device (`accept_chains`, the one acceptance decision, = speculative.policy.greedy_accept per
-row), the draft re-run over a fixed S+1 pairs per row of which the first n+1 are real (the rest land
-past the row's length and are overwritten). Trees (`tree_cycle`) draft each row's tree on the host
+Every decision (the token after the prefill, each draft, what the target keeps and the token it adds) is the
+decode policy's batched form (speculative/policy.py `RowPolicies`): greedy's is device work only, a sampling
+rule's calls each row's own started policy (its prompt's random stream) on that row's logits, so a row draws
+what the reference loop draws for its prompt alone, in the same order, at any batch size and row order.
+
+One chain cycle (`chain_cycle`) has fixed shapes, so speculative/graphed.py can capture it as one CUDA graph
+where the policy is device work only (greedy): S draft steps per row, one verify forward of [B, S+1], the
+policy's acceptance, the draft re-run over a fixed S+1 pairs per row of which the first n+1 are real (the
+rest land past the row's length and are overwritten). Trees (`tree_cycle`) draft each row's tree on the host
 exactly as the reference does (`DraftState.propose_tree` over the row's cache), then verify all rows'
-D nodes in one forward with per-row ancestor masks, accept with `tree.accept_path`, and move each
+D nodes in one forward with per-row ancestor masks, accept with the row's policy, and move each
 row's accepted path into place (`RowCache.keep`).
 """
 
@@ -31,7 +37,8 @@ from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.models.static_cache import RowCache, RowDraftCache, block_slots, block_visible
 from eagle_eval.speculative.chain import Decoded, Speculator, emit
 from eagle_eval.speculative.draft import DraftState
-from eagle_eval.speculative.tree import Tree, accept_path, select_tree
+from eagle_eval.speculative.policy import RowPolicies, accept_chains  # noqa: F401  (accept_chains: re-exported)
+from eagle_eval.speculative.tree import Tree, select_tree
 
 
 class BatchError(ValueError):
@@ -56,21 +63,30 @@ class Rows:
     root: torch.Tensor                     # [B] the last verified token of each row (target ids)
     last_out: torch.Tensor                 # [B, 1, H] the head's out at each row's last real pair
     active: torch.Tensor                   # [B] bool: the row holds a prompt that is not finished
+    policy: RowPolicies                    # every decision of every row (speculative/policy.py)
     host_len: list[int] = field(default_factory=list)   # lengths as the host knows them (both caches)
 
     def state(self) -> list[torch.Tensor]:
         """The tensors a cycle changes besides cache slots past the lengths."""
         return [self.target_cache.lengths, self.draft_cache.lengths, self.root, self.last_out]
 
+    def park(self, rows: list[int]) -> None:
+        """Rows that hold no prompt: inactive, both lengths 0 (a parked row's garbage stays in its first slots)."""
+        if not rows:
+            return
+        self.active[rows] = False
+        self.target_cache.lengths[rows] = 0
+        self.draft_cache.lengths[rows] = 0
+        for b in rows:
+            self.host_len[b] = 0
 
-def accept_chains(drafts: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
-    """Greedy acceptance of every row (the decision a decode policy will own): drafts [B, S], target
-    argmax [B, S+1] -> accepted drafts [B], d_i accepted while it equals the argmax at node i-1.
-
-    >>> accept_chains(torch.tensor([[5, 7, 9], [1, 2, 3]]), torch.tensor([[5, 7, 1, 4], [0, 2, 3, 3]])).tolist()
-    [2, 0]
-    """
-    return (drafts == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+    def check_room(self, width: int) -> None:
+        """Before a forward that writes `width` slots per row at its length: every row has them (host only)."""
+        capacity = self.target_cache.capacity
+        worst = max(range(len(self.host_len)), key=lambda b: self.host_len[b])
+        if self.host_len[worst] + width > capacity:
+            raise AssertionError(f"batched loop: row {worst} at length {self.host_len[worst]} would write {width} "
+                                 f"slots past its capacity {capacity}")
 
 
 def draft_block(spec: Speculator, cache: RowDraftCache, embeds: torch.Tensor, hidden: torch.Tensor,
@@ -87,12 +103,12 @@ def draft_block(spec: Speculator, cache: RowDraftCache, embeds: torch.Tensor, hi
 
 
 def propose_chains(spec: Speculator, rows: Rows, num_steps: int) -> torch.Tensor:
-    """Each row's greedy chain of S drafts from its last real pair -> [B, S] target ids; the S-1
-    speculative KV entries go past the row's length (DraftState.propose_chain, every row at once)."""
+    """Each row's chain of S drafts from its last real pair, each the policy's proposal -> [B, S] target ids;
+    the S-1 speculative KV entries go past the row's length (DraftState.propose_chain, every row at once)."""
     head, out, base = spec.head, rows.last_out, rows.draft_cache.lengths
     drafts = []
     for k in range(1, num_steps + 1):
-        token = head.to_target_ids(head.logits(out)[:, -1].argmax(-1))              # [B]
+        token = head.to_target_ids(rows.policy.propose(head.logits(out)[:, -1], rows.active))   # [B]
         drafts.append(token)
         if k == num_steps:
             break
@@ -110,9 +126,8 @@ def chain_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps
     positions, mask = rows.target_cache.begin(num_steps + 1, target.model.dtype)
     logits = target.forward(ids, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
     aux = capture.pop()                                                             # [B, S+1, k*H_t]
-    argmax = logits.argmax(-1).to(device)                                           # [B, S+1]
-    accepted = accept_chains(drafts, argmax) * rows.active
-    bonus = argmax.gather(1, accepted[:, None])                                     # [B, 1]
+    accepted, bonus = rows.policy.accept_chains(drafts, logits, rows.active)        # [B], [B]
+    accepted, bonus = accepted * rows.active, bonus[:, None]                        # [B], [B, 1]
     new = torch.cat([drafts, bonus], dim=1).scatter(1, accepted[:, None], bonus)    # [B, S+1]
     advance = (accepted + 1) * rows.active
     rows.target_cache.lengths += advance.to(rows.target_cache.lengths.device)
@@ -153,11 +168,9 @@ def tree_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps:
                                               depths=torch.tensor([t.depths for t in trees]))
     logits = target.forward(ids, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
     aux = capture.pop()                                                             # [B, D, k*H_t]
-    argmax = logits.argmax(-1).tolist()
     out_rows, paths, new = [], [], []
     for b, tree in enumerate(trees):
-        path = accept_path(tree, argmax[b]) if active[b] else [0]
-        bonus = argmax[b][path[-1]]
+        path, bonus = rows.policy.accept_tree(b, tree, logits[b]) if active[b] else ([0], roots[b])
         out_rows.append((tree, path, bonus))
         paths.append(path + [path[-1]] * (width - len(path)))
         new.append([tree.tokens[i] for i in path[1:]] + [bonus] * (width - len(path) + 1))
@@ -177,7 +190,7 @@ def tree_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps:
 
 
 def new_rows(spec: Speculator, batch: int, capacity: int) -> Rows:
-    """Empty rows: no prompt, lengths 0."""
+    """Empty rows: no prompt, lengths 0, the decode policy's batched form."""
     target, device = spec.target, spec.draft_device
     if target.info.sliding_window is not None:
         raise BatchError(f"the batched loop needs full-attention KV layers; this target has sliding-window layers "
@@ -187,7 +200,8 @@ def new_rows(spec: Speculator, batch: int, capacity: int) -> Rows:
                 draft_cache=RowDraftCache(batch, capacity, device),
                 root=torch.zeros(batch, dtype=torch.long, device=device),
                 last_out=torch.zeros(batch, 1, hidden, dtype=spec.head.lm_head.weight.dtype, device=device),
-                active=torch.zeros(batch, dtype=torch.bool, device=device), host_len=[0] * batch)
+                active=torch.zeros(batch, dtype=torch.bool, device=device), policy=spec.policy.rows(batch),
+                host_len=[0] * batch)
 
 
 PREFILL_TOKENS = 4096      # padded tokens per prefill forward (one prompt alone may be longer)
@@ -196,11 +210,12 @@ PREFILL_TOKENS = 4096      # padded tokens per prefill forward (one prompt alone
 def admit(spec: Speculator, rows: Rows, capture: FeatureCapture, group: list[int], prompts: list[list[int]],
           max_new_tokens: int, eos_ids: set[int]) -> list[tuple[Decoded, bool]]:
     """Prefill rows `group` with `prompts`, one forward for all of them -> per row (its Decoded so far,
-    whether it needs cycles). The prompts are right-padded to the longest (causal: no real token sees
-    a pad); a row's padding lands past its length, where the next forward overwrites it."""
+    whether it needs cycles). The rows' policies are seated (`RowPolicies.seat`) and the rows parked. The
+    prompts are right-padded to the longest (causal: no real token sees a pad); a row's padding lands past its
+    length, where the next forward overwrites it."""
     target, head, device = spec.target, spec.head, spec.draft_device
     outs = [Decoded() for _ in prompts]
-    rows.active[group] = False
+    rows.park(group)
     if max_new_tokens <= 0:
         return [(out, False) for out in outs]
     sel = (slice(group[0], group[0] + len(group)) if group == list(range(group[0], group[0] + len(group)))
@@ -209,13 +224,16 @@ def admit(spec: Speculator, rows: Rows, capture: FeatureCapture, group: list[int
     width = max(lens)
     last = torch.tensor(lens, device=device) - 1                                    # [G] each row's last token
     ids = torch.tensor([p + [p[-1]] * (width - len(p)) for p in prompts], device=device)   # [G, T]
-    rows.target_cache.lengths[group] = 0
+    if width > rows.target_cache.capacity:
+        raise AssertionError(f"batched loop: a prompt of {width} tokens in rows of {rows.target_cache.capacity} slots")
     positions, mask = rows.target_cache.begin(width, target.model.dtype, rows=sel)
     logits = target.forward(ids, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
     aux = capture.pop()                                                             # [G, T, k*H_t]
-    first = logits[torch.arange(len(group), device=logits.device), last.to(logits.device)].argmax(-1).to(device)
+    tokens = rows.policy.first_tokens(group, logits[torch.arange(len(group), device=logits.device),
+                                                    last.to(logits.device)])       # [G] from logits [G, V]
+    first = torch.tensor(tokens, device=device)
     alive = [True] * len(group)
-    for i, (out, token) in enumerate(zip(outs, first.tolist())):
+    for i, (out, token) in enumerate(zip(outs, tokens)):
         out.output_ids.append(token)
         alive[i] = not (token in eos_ids or max_new_tokens == 1)
     if not any(alive):
@@ -262,10 +280,12 @@ def capacity_for(prompts: list[list[int]], max_new_tokens: int, num_steps: int, 
 @torch.no_grad()
 def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, max_new_tokens: int,
                    eos_ids: set[int], batch_size: int, topk: int = 1, num_draft_tokens: int | None = None,
-                   tree: bool | None = None, cuda_graphs: bool = False) -> BatchedRun:
+                   tree: bool | None = None, cuda_graphs: bool = False,
+                   generators: list[torch.Generator | None] | None = None) -> BatchedRun:
     """`speculative_decode` of every prompt, `batch_size` rows at a time (see the module contract).
     cuda_graphs: replay the chain cycle as a CUDA graph where speculative/graphed.py can capture it
-    (else eager, the reason in `fallback`)."""
+    (else eager, the reason in `fallback`). generators: prompt i's random stream (`speculative_decode`'s
+    `generator`), which its row's policy draws from (a sampling rule needs one per prompt)."""
     from eagle_eval.speculative import graphed
 
     use_tree = topk > 1 if tree is None else tree
@@ -276,6 +296,8 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
         return run
     batch = max(1, min(batch_size, len(prompts)))
     rows = new_rows(spec, batch, capacity_for(prompts, max_new_tokens, num_steps, d))
+    width = d if use_tree else num_steps + 1          # slots a cycle writes per row at its length
+    draft_vocab = spec.head.to_target_ids(torch.arange(spec.head.config.draft_vocab_size, device=spec.draft_device))
     held: list[int | None] = [None] * batch           # the prompt each row holds
     queue = iter(range(len(prompts)))
     with FeatureCapture(spec.target.layers, spec.aux_hf, spec.draft_device) as capture:
@@ -285,7 +307,7 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
             start = time.perf_counter()
             for b in free:
                 held[b] = None
-            rows.active[free] = False
+            rows.park(free)
             while free:
                 taken = sorted(itertools.islice(queue, len(free)), key=lambda i: len(prompts[i]))   # less padding
                 if not taken:
@@ -294,6 +316,8 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
                 for size in prefill_groups([len(prompts[i]) for i in taken]):
                     group, idx = free[k:k + size], taken[k:k + size]
                     k += size
+                    for b, i in zip(group, idx):
+                        rows.policy.seat(b, spec.policy.start(generators[i] if generators else None, draft_vocab))
                     admitted = admit(spec, rows, capture, group, [prompts[i] for i in idx], max_new_tokens, eos_ids)
                     for b, i, (decoded, alive) in zip(group, idx, admitted):
                         results[i] = decoded
@@ -307,6 +331,7 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
         fill(list(range(batch)))
         cycle = None
         while any(h is not None for h in held):
+            rows.check_room(width)
             if use_tree:
                 done = tree_cycle(spec, rows, capture, num_steps, topk, d)
                 per_row = [(len(path) - 1, [t.tokens[i] for i in path[1:]] + [bonus]) for t, path, bonus in done]
@@ -314,7 +339,8 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
                 if cycle is None:
                     start = time.perf_counter()
                     cycle, run.cuda_graphs, run.fallback = graphed.cycle_runner(
-                        lambda: chain_cycle(spec, rows, capture, num_steps), rows.state(), spec, cuda_graphs)
+                        lambda: chain_cycle(spec, rows, capture, num_steps), rows.state(), spec, cuda_graphs,
+                        rows.policy.capture_blocker)
                     run.capture_s = time.perf_counter() - start
                 accepted, new = (x.tolist() for x in cycle())
                 per_row = [(n, toks[: n + 1]) for n, toks in zip(accepted, new)]

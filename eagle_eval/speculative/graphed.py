@@ -70,11 +70,13 @@ def capture(fn: Callable, state: list[torch.Tensor], warmups: int = 2):
     return replay
 
 
-def cycle_runner(fn: Callable, state: list[torch.Tensor], spec, enabled: bool) -> tuple[Callable, bool, str | None]:
-    """(callable, replayed as a graph, why not when `enabled`)."""
+def cycle_runner(fn: Callable, state: list[torch.Tensor], spec, enabled: bool,
+                 policy_blocker: str | None = None) -> tuple[Callable, bool, str | None]:
+    """(callable, replayed as a graph, why not when `enabled`); policy_blocker: why the decode policy's batched
+    form cannot be held by a graph (`RowPolicies.capture_blocker`: a sampling rule draws on the host)."""
     if not enabled:
         return fn, False, None
-    reason = capture_blockers(spec)
+    reason = policy_blocker or capture_blockers(spec)
     if reason is None:
         try:
             return capture(fn, state), True, None

@@ -10,6 +10,11 @@ build the tree from the draft's softmax without temperature). The sampling rules
 temperature > 0, speculative/rules.py) implement the same protocol: `start` binds one decode's random stream
 (`sampling.prompt_generator`) and the draft-to-target vocab map, and returns the policy that decode calls;
 greedy draws nothing and is its own decode's policy.
+
+The batched loop (speculative/batched.py) takes the same decision for B rows at once through `rows(batch)`, a
+`RowPolicies`: greedy's is device work only (argmax, prefix match: a CUDA graph can hold it); a sampling rule's
+seats each row's started policy (its prompt's own stream) and calls it on that row's logits, so a row's draws
+are the reference loop's draws, in the same order, whatever the batch and the other rows.
 """
 
 from __future__ import annotations
@@ -42,6 +47,35 @@ class DecodePolicy(Protocol):
     def accept_tree(self, tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:
         """(tree indices of the accepted path, root first; the token added after its last node) from the
         target's logits [D, V] at each tree node."""
+
+    def rows(self, batch: int) -> "RowPolicies":
+        """This rule's decision for `batch` rows at once (the batched loop's)."""
+
+
+@runtime_checkable
+class RowPolicies(Protocol):
+    """The decode policy of B rows at once. `seat` gives row b the started policy of the prompt it now holds
+    (`DecodePolicy.start`); the other calls decide for every row, and an inactive row (no prompt) gets a
+    placeholder nothing reads. Logits come in the model's dtype; every decision is the seated policy's own
+    (upcast to float32 as the reference loop's target.forward does)."""
+    capture_blocker: str | None        # why a CUDA graph cannot hold this decision (None: device work only)
+
+    def seat(self, row: int, policy: DecodePolicy) -> None:
+        """Row `row` now decodes a prompt with `policy` (started)."""
+
+    def first_tokens(self, rows: list[int], logits: torch.Tensor) -> list[int]:
+        """The token after each prefill: logits [G, V] at the last prompt position of rows `rows`."""
+
+    def propose(self, draft_logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids [B] from the draft's logits [B, V_d] (one chain step of every row)."""
+
+    def accept_chains(self, drafts: torch.Tensor, target_logits: torch.Tensor,
+                      active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted drafts [B], the token added after them [B]) on drafts' device, from drafts [B, S] (target
+        ids) and the target's logits [B, S+1, V]; inactive rows give 0 and a placeholder."""
+
+    def accept_tree(self, row: int, tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+        """`DecodePolicy.accept_tree` of row `row`: target_logits [D, V]."""
 
 
 def greedy_accept(drafts: list[int], target_argmax: list[int]) -> int:
@@ -81,6 +115,74 @@ class Greedy:
         argmax = target_logits.argmax(-1).tolist()
         path = accept_path(tree, argmax)
         return path, argmax[path[-1]]
+
+    def rows(self, batch: int) -> "GreedyRows":
+        return GreedyRows()
+
+
+def accept_chains(drafts: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """`greedy_accept` of every row, on the device: drafts [B, S], target argmax [B, S+1] -> accepted [B].
+
+    >>> accept_chains(torch.tensor([[5, 7, 9], [1, 2, 3]]), torch.tensor([[5, 7, 1, 4], [0, 2, 3, 3]])).tolist()
+    [2, 0]
+    """
+    return (drafts == argmax[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+
+
+class GreedyRows:
+    """Greedy for B rows: device work only, no host read (a CUDA graph can hold a chain cycle)."""
+    capture_blocker = None
+
+    def seat(self, row: int, policy: DecodePolicy) -> None:
+        pass
+
+    def first_tokens(self, rows: list[int], logits: torch.Tensor) -> list[int]:
+        return logits.argmax(-1).tolist()
+
+    def propose(self, draft_logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        return draft_logits.argmax(-1)
+
+    def accept_chains(self, drafts, target_logits, active):
+        argmax = target_logits.argmax(-1).to(drafts.device)                           # [B, S+1]
+        accepted = accept_chains(drafts, argmax)
+        return accepted, argmax.gather(1, accepted[:, None])[:, 0]
+
+    def accept_tree(self, row: int, tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+        return GREEDY.accept_tree(tree, target_logits)
+
+
+class SeatedRows:
+    """A rule that draws (every sampling rule) for B rows: each row's decision is its seated policy's, on that row's
+    logits alone, so the row draws from its prompt's stream exactly what the reference loop draws, in the same
+    order. The draws are on the host (per row), so a CUDA graph cannot hold the cycle."""
+    capture_blocker = ("sampling draws each row's coins and tokens from its prompt's own generator on the host: "
+                       "the cycle runs eager")
+
+    def __init__(self, batch: int):
+        self.seated: list[DecodePolicy | None] = [None] * batch
+
+    def seat(self, row: int, policy: DecodePolicy) -> None:
+        self.seated[row] = policy
+
+    def first_tokens(self, rows: list[int], logits: torch.Tensor) -> list[int]:
+        return [self.seated[b].first_token(logits[i].float()) for i, b in enumerate(rows)]
+
+    def propose(self, draft_logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        ids = draft_logits.argmax(-1)                                                  # [B] placeholders
+        for b in active.nonzero()[:, 0].tolist():
+            ids[b] = self.seated[b].propose(draft_logits[b:b + 1])[0]
+        return ids
+
+    def accept_chains(self, drafts, target_logits, active):
+        accepted, token = [0] * drafts.shape[0], [0] * drafts.shape[0]
+        rows = drafts.tolist()
+        for b in active.nonzero()[:, 0].tolist():
+            accepted[b], token[b] = self.seated[b].accept_chain(rows[b], target_logits[b].float())
+        device = drafts.device
+        return torch.tensor(accepted, device=device), torch.tensor(token, device=device)
+
+    def accept_tree(self, row: int, tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+        return self.seated[row].accept_tree(tree, target_logits.float())
 
 
 GREEDY = Greedy()

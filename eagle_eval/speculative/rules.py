@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from eagle_eval.settings import ConfigError, DecodingSettings
-from eagle_eval.speculative.policy import GREEDY, DecodePolicy
+from eagle_eval.speculative.policy import GREEDY, DecodePolicy, SeatedRows
 from eagle_eval.speculative.sampling import draft_probs, target_probs
 from eagle_eval.speculative.tree import Tree
 
@@ -141,6 +141,9 @@ class OneHotRule:
     def node(self, p: torch.Tensor, children: list[int]) -> tuple[int | None, torch.Tensor | None]:
         raise NotImplementedError
 
+    def rows(self, batch: int) -> SeatedRows:
+        return SeatedRows(batch)
+
 
 class VllmRule(OneHotRule):
     """vLLM, draft_sample_method "greedy": the chain's one child d is accepted with p(d)."""
@@ -226,6 +229,9 @@ class SampledDraftRule:
 
     def accept_tree(self, tree: Tree, target_logits: torch.Tensor) -> tuple[list[int], int]:
         raise ValueError(f"--accept-rule {self.name} verifies sampled chains, not trees ({CHAIN_ONLY[self.name]})")
+
+    def rows(self, batch: int) -> SeatedRows:
+        return SeatedRows(batch)
 
 
 RULES = {"vllm": VllmRule, "vllm-probabilistic": SampledDraftRule, "sglang": SglangRule,
