@@ -80,15 +80,21 @@ def test_first_token_eos_and_one_new_token(bundled):
 
 def test_mla_moe_target_batched_and_its_capture_blocker(tmp_path):
     """A DeepSeek-V3-architecture target (MLA latents in the row cache, MoE): batched equals batch-1,
-    and graphs are refused for its experts, with the reason."""
+    and graphs are refused for its experts when they run eager (routing found on the host), with the reason.""" 
     cfg = Settings.of(target=str(make_target(tmp_path / "t", family="deepseek_v3")), draft=str(make_head(tmp_path / "h")),
                     prompts=str(write_prompts(tmp_path / "p.jsonl", n=3)), max_new_tokens=16, num_steps=3)
     oracle = api.load_oracle(cfg)
     prompts = [p.input_ids for p in load_workload(cfg.workload, oracle.tokenizer).first_prompts]
     ref = [speculative_decode(oracle.speculator, p, 3, 16, oracle.eos_ids) for p in prompts]
     assert_same(ref, batched_decode(oracle.speculator, prompts, 3, 16, oracle.eos_ids, 2).decoded)
+    # its experts route on the device (grouped_mm): a graph may hold them, and is tried (tests/test_gpu_speed.py)
+    assert oracle.resolved.target.experts["implementation"] == "grouped_mm"
+    assert "experts" not in (graphed.capture_blockers(oracle.speculator, cuda=True) or "")
+    oracle.speculator.target.model.set_experts_implementation("eager")      # the experts loop found on the host
+    oracle.speculator.target.info = oracle.speculator.target.info.__class__(
+        **{**oracle.speculator.target.info.__dict__, "experts": {"implementation": "eager"}})
     reason = graphed.capture_blockers(oracle.speculator, cuda=True)
-    assert "experts" in reason and "mlp" in reason
+    assert "experts" in reason and "mlp" in reason and "'eager'" in reason
 
 
 def test_capture_fallback_runs_eager_with_a_reason(bundled, monkeypatch):
@@ -265,3 +271,34 @@ def test_run_with_batch_size_equals_batch_one(tmp_path):
     assert loop["batch_size"] == 3 and loop["loop"] == "batched"
     if not torch.cuda.is_available():
         assert loop["cuda_graphs"] is False and loop["cuda_graphs_reason"].startswith("no CUDA device")
+
+
+def test_moe_experts_fall_back_to_eager_when_the_fast_kernel_fails(tmp_path, monkeypatch):
+    """The experts' fast path failing on this machine (as transformers' grouped_mm does on the lent H100 with torch
+    2.11: "cutlass cannot initialize") is found by a one-token probe at load: the experts switch to eager, the report
+    says why, and the run decodes the tokens of a target whose experts were eager from the start."""
+    from transformers.integrations import moe
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("cutlass cannot initialize\nmore")
+
+    cfg = Settings.of(target=str(make_target(tmp_path / "t", family="deepseek_v3")), draft=str(make_head(tmp_path / "h")),
+                      prompts=str(write_prompts(tmp_path / "p.jsonl", n=2)), max_new_tokens=12, num_steps=3)
+    fast = api.load_oracle(cfg)
+    assert fast.resolved.target.experts["implementation"] == "grouped_mm"
+    assert fast.resolved.target.experts["fallback"] is None
+    prompts = load_workload(cfg.workload, fast.tokenizer).first_prompts
+    expected = [fast.decode(p).output_ids for p in prompts]
+
+    monkeypatch.setitem(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, "grouped_mm", fails)
+    with pytest.raises(RuntimeError, match="cutlass"):                        # what a run met before the probe
+        fast.decode(prompts[0])
+    slow = api.load_oracle(cfg)
+    experts = slow.resolved.target.experts
+    assert experts["implementation"] == "eager" and experts["requested"] == {"": "grouped_mm"}
+    assert experts["fallback"].startswith("experts_implementation 'grouped_mm' failed on a one-token probe forward "
+                                          "(RuntimeError: cutlass cannot initialize)")
+    assert [slow.decode(p).output_ids for p in prompts] == expected
+    assert slow.resolved.as_dict()["target"]["experts"] == experts               # echoed in report.json's config
+    reason = graphed.capture_blockers(slow.speculator, cuda=True)
+    assert "experts" in reason and "'eager'" in reason

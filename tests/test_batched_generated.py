@@ -234,3 +234,33 @@ def test_room_is_checked_on_the_host_before_a_forward(pairs, monkeypatch):
     monkeypatch.setattr(batched, "capacity_for", lambda *a: 12)          # rows too short for this workload
     with pytest.raises(AssertionError, match=r"row \d+ at length \d+ would write 4 slots past its capacity 12"):
         batched_decode(oracle.speculator, [[5, 6, 7]], 3, 20, set(), 1)
+
+
+def test_run_batch_64_at_temperature_equals_batch_1_byte_for_byte(tmp_path):
+    """`eagle-eval run --batch-size 64 --temperature 0.7` on the bundled default (32 prompts): samples.jsonl is batch
+    1's byte for byte, and so is the report but for the loop it names."""
+    import json
+
+    from click.testing import CliRunner
+
+    from eagle_eval.cli import main
+
+    def run(batch):
+        out = tmp_path / f"b{batch}"
+        res = CliRunner().invoke(main, ["run", "--temperature", "0.7", "--batch-size", str(batch), "--output-dir",
+                                        str(out)])
+        assert res.exit_code == 0, res.output
+        report = json.loads((out / "report.json").read_text())
+        loop = report["config"].pop("loop")
+        for key in ("batch_size", "output_dir"):
+            report["config"].pop(key, None)
+        report.pop("provenance")
+        return (out / "samples.jsonl").read_bytes(), report, loop
+
+    one, one_report, one_loop = run(1)
+    many, many_report, many_loop = run(64)
+    assert one_loop["loop"] == "reference" and many_loop["loop"] == "batched"
+    assert many == one
+    assert many_report == one_report
+    rows = [json.loads(line) for line in one.splitlines()]
+    assert len(rows) == 32 and len({tuple(r["output_ids"]) for r in rows}) == 32

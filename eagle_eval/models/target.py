@@ -128,6 +128,7 @@ class TargetInfo:
     text_architecture: str | None = None  # the text config's model_type when it is not the model's own
     sliding_window: int | None = None     # the smallest sliding window among the KV cache's layers
     rope_switch: int | None = None        # longrope's original_max_position_embeddings (longrope_switch)
+    experts: dict | None = None           # mixture of experts: transformers' experts implementation (probe_experts)
 
 
 def longrope_switch(cfg) -> int | None:
@@ -173,7 +174,8 @@ class Target:
             devices=placed_devices(model),
             max_positions=getattr(cfg, "max_position_embeddings", None), decoder=f"{text.path}.layers",
             text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None,
-            sliding_window=min(windows) if windows else None, rope_switch=longrope_switch(cfg))
+            sliding_window=min(windows) if windows else None, rope_switch=longrope_switch(cfg),
+            experts=probe_experts(model, self.input_device))
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -237,6 +239,39 @@ class Target:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.input_embeddings(ids.to(self.input_device))
+
+
+PROBE_ERRORS = (RuntimeError, NotImplementedError, ValueError, TypeError, AssertionError)
+
+
+def probe_experts(model, device) -> dict | None:
+    """A mixture-of-experts target's experts implementation, checked on this machine: transformers runs the experts
+    through `experts_implementation` ("grouped_mm" by default in 5.x, `integrations/moe.py`), whose fast kernel can
+    fail where the GPU or the build does not support it (on an H100 with torch 2.11: "RuntimeError: cutlass cannot
+    initialize" at the first forward). One forward of one token, now: if it fails, the experts switch to "eager"
+    (`set_experts_implementation`) and the reason is kept, as the CUDA-graph fallback keeps its own. None for a
+    target whose class has no switchable experts."""
+    if not getattr(type(model), "_can_set_experts_implementation", lambda: False)():
+        return None
+    requested = model.get_experts_implementation()
+    current = requested.get("") or "eager"
+    if current == "eager":
+        return {"implementation": "eager", "requested": requested, "fallback": None}
+
+    def probe():
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+
+    try:
+        probe()
+        return {"implementation": current, "requested": requested, "fallback": None}
+    except PROBE_ERRORS as exc:
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+    model.set_experts_implementation("eager")
+    probe()                                        # eager fails only where the model itself cannot run
+    return {"implementation": "eager", "requested": requested,
+            "fallback": f"experts_implementation {current!r} failed on a one-token probe forward ({reason}); "
+                        "the experts run eager"}
 
 
 def _device(dev) -> torch.device:
