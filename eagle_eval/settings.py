@@ -461,9 +461,11 @@ class LoopOptions(Group):
                                "on rank cells, false-alarm rate 0.001; consistent / differs / undecided).",
                                resumable=True)
     batch_size: int = opt(1, "Prompts verified in one target forward, each with its own accepted length (first "
-                          "turns; speculative/batched.py).")
-    cuda_graphs: bool = opt(True, "Replay the chain cycle as a CUDA graph where it can be captured (one GPU, no MoE, "
-                            "chains, greedy); else the eager loop, the reason in the report's config.loop.",
+                          "turns; speculative/batched.py); at temperature > 0 each prompt draws from its own stream, "
+                          "so the records equal batch 1's.")
+    cuda_graphs: bool = opt(True, "Replay the chain cycle as a CUDA graph where it can be captured (one GPU, chains, "
+                            "greedy; MoE only with experts routed on the device); else the eager loop, the reason in "
+                            "the report's config.loop.",
                             flag="--cuda-graphs", secondary="--no-cuda-graphs")
 
     def validate(self):

@@ -34,6 +34,7 @@ EXAMPLES = int(os.environ.get("EAGLE_EVAL_EXAMPLES", "12"))
 GENERATED = settings(max_examples=EXAMPLES, deadline=None, derandomize="EAGLE_EVAL_EXAMPLES" not in os.environ,
                      database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MAX_POSITIONS = 160          # the tiny targets' max_position_embeddings: the longest prompt stays cheap
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"     # the file's pairs live there (fp32 everywhere)
 
 
 class CopyHead(Eagle3Head):
@@ -82,6 +83,7 @@ def pairs(tmp_path_factory):
     root = tmp_path_factory.mktemp("generated")
     model, successor = bigram_target(root)
     copy = CopyHead(head_config(), model.get_input_embeddings().weight.detach(), successor)
+    model = model.to(DEVICE)
     random_target = make_target(root / "random", family="qwen3", seed=5,
                                 overrides={"max_position_embeddings": MAX_POSITIONS})
     base = Settings.of(dtype="fp32")
@@ -238,7 +240,7 @@ def test_room_is_checked_on_the_host_before_a_forward(pairs, monkeypatch):
 
 def test_run_batch_64_at_temperature_equals_batch_1_byte_for_byte(tmp_path):
     """`eagle-eval run --batch-size 64 --temperature 0.7` on the bundled default (32 prompts): samples.jsonl is batch
-    1's byte for byte, and so is the report but for the loop it names."""
+    1's byte for byte, and so is the report but for the loop it names (and the folder it was written to)."""
     import json
 
     from click.testing import CliRunner
@@ -247,8 +249,8 @@ def test_run_batch_64_at_temperature_equals_batch_1_byte_for_byte(tmp_path):
 
     def run(batch):
         out = tmp_path / f"b{batch}"
-        res = CliRunner().invoke(main, ["run", "--temperature", "0.7", "--batch-size", str(batch), "--output-dir",
-                                        str(out)])
+        res = CliRunner().invoke(main, ["run", "--temperature", "0.7", "--batch-size", str(batch), "--dtype", "fp32",
+                                        "--output-dir", str(out)])
         assert res.exit_code == 0, res.output
         report = json.loads((out / "report.json").read_text())
         loop = report["config"].pop("loop")
@@ -264,3 +266,20 @@ def test_run_batch_64_at_temperature_equals_batch_1_byte_for_byte(tmp_path):
     assert many_report == one_report
     rows = [json.loads(line) for line in one.splitlines()]
     assert len(rows) == 32 and len({tuple(r["output_ids"]) for r in rows}) == 32
+
+
+@pytest.mark.gpu
+@GENERATED
+@given(work=workloads(trees=False))
+def test_graphed_cycle_equals_the_reference(pairs, work):
+    """On a GPU, the chain cycle replayed as a CUDA graph gives the reference loop's records on the same generated
+    workloads (greedy: the decision is device work only, so the graph holds the whole cycle)."""
+    pair, num_steps, topk, draft_tokens, max_new, lengths, longest, seed, batch, eos_pick = work
+    oracle = pairs[pair]
+    spec = oracle.speculator
+    prompts = _prompts(oracle, lengths, longest, seed, max_new, num_steps + 2)
+    eos = _eos([speculative_decode(spec, p, num_steps, max_new, set()) for p in prompts], eos_pick)
+    ref = [speculative_decode(spec, p, num_steps, max_new, eos) for p in prompts]
+    run = batched_decode(spec, prompts, num_steps, max_new, eos, batch, cuda_graphs=True)
+    assert run.cuda_graphs, run.fallback
+    _same(ref, run.decoded)
