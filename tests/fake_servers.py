@@ -19,6 +19,9 @@ settings (see test_server_check.py); the faults here change what goes over the w
 At temperature > 0 the stand-in samples as its engine does: the decode policy of `rule` (default vLLM's rule for
 the vLLM stand-in, SGLang's for the SGLang one) seeded with the request's seed, with the request's filters.
 
+`raw_server(answer)` is another kind of server: raw sockets sending what no HTTP library would (an answer that
+trickles a byte at a time, headers without end; `RAW_ANSWERS`), for the request deadlines.
+
 `Engine(..., per_request="summary" | "detailed")` makes the vLLM stand-in answer with per-request
 metrics under `metrics.speculative_decoding`, in the shape a real vLLM 0.32 answers
 (tests/data/vllm_0.32_completion_detailed.json holds one such real answer).
@@ -27,6 +30,7 @@ metrics under `metrics.speculative_decoding`, in the shape a real vLLM 0.32 answ
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import time
@@ -269,3 +273,74 @@ def serve(engine: Engine):
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=5)
+
+
+# -- servers no HTTP library would be: answers that trickle or never end (127.0.0.1, raw sockets) -----------
+
+def _drip(conn, stop: threading.Event, head: bytes, unit: bytes, every: float) -> None:
+    """Send `head`, then `unit` every `every` seconds until the client hangs up or the server stops."""
+    conn.sendall(head)
+    while not stop.wait(every):
+        conn.sendall(unit)
+
+
+RAW_ANSWERS = {
+    # slow drip: each byte well inside any per-read timeout, the whole answer never inside the deadline
+    "drip_body": lambda conn, stop: _drip(conn, stop, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                          b"Content-Length: 100000\r\n\r\n{\"text\": \"", b"a", 0.05),
+    "drip_status": lambda conn, stop: _drip(conn, stop, b"", b"H", 0.05),
+    # endless header: header lines (fewer than http.client's 100 before the deadline), or one endless line
+    "header_lines": lambda conn, stop: _drip(conn, stop, b"HTTP/1.1 200 OK\r\n", b"X-Wait: 1\r\n", 0.2),
+    "header_line": lambda conn, stop: _drip(conn, stop, b"HTTP/1.1 200 OK\r\nX-Wait: ", b"a", 0.01),
+    # endless header, fast: http.client's own limit of 100 headers ends it before any deadline
+    "header_flood": lambda conn, stop: _drip(conn, stop, b"HTTP/1.1 200 OK\r\n", b"X-Wait: 1\r\n" * 50, 0.01),
+}
+
+
+@contextmanager
+def raw_server(answer: str):
+    """A socket server on 127.0.0.1 answering every connection with RAW_ANSWERS[answer] (the request is read
+    first); yields the base URL. On exit it stops sending and closes every connection."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.05)
+    stop, conns = threading.Event(), []
+
+    def handle(conn):
+        try:
+            conn.settimeout(5)
+            conn.recv(65536)
+            RAW_ANSWERS[answer](conn, stop)
+        except OSError:                      # the client hung up (its deadline)
+            pass
+        finally:
+            conn.close()
+
+    def serve_forever():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            thread = threading.Thread(target=handle, args=(conn,), daemon=True)
+            conns.append(thread)
+            thread.start()
+
+    main = threading.Thread(target=serve_forever, daemon=True)
+    main.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        main.join(timeout=5)
+        for thread in conns:
+            thread.join(timeout=5)
+        srv.close()
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -6,6 +6,7 @@ changed settings (not through the hypotheses' own variant code), so naming the f
 """
 
 import json
+import re
 import socket
 from dataclasses import replace
 
@@ -261,10 +262,12 @@ def _free_port() -> int:
 @pytest.mark.parametrize("backend, fault, message", [
     ("sglang", "http_500", "/generate answered HTTP 500: {\"error\": \"CUDA error"),
     ("sglang", "malformed_json", "/generate answered with a body that is not JSON: <html>502 Bad Gateway"),
-    ("sglang", "slow", "/generate did not answer within 0.5 s (--timeout)"),
+    ("sglang", "slow", "/generate: connected, but the answer was not complete within 0.5 s (no byte of the answer yet; "
+                       "--timeout 0.5 s a request"),
     ("vllm", "http_500", "/v1/completions answered HTTP 500"),
     ("vllm", "malformed_json", "/v1/completions answered with a body that is not JSON"),
-    ("vllm", "slow", "/v1/completions did not answer within 0.5 s (--timeout)"),
+    ("vllm", "slow", "/v1/completions: connected, but the answer was not complete within 0.5 s (no byte of the "
+                     "answer yet; --timeout 0.5 s a request"),
 ])
 def test_transport_errors_are_one_clear_line(run_config, checker, server_oracle, backend, fault, message):
     with serve(Engine(server_oracle(), backend, fault=fault)) as url:
@@ -276,10 +279,12 @@ def test_transport_errors_are_one_clear_line(run_config, checker, server_oracle,
 
 def test_cli_refused_connection_exits_2_with_one_line(run_config):
     """Checked before the target is loaded; the CLI prints USER_ERRORS as one line, exit status 2."""
-    result = _cli(run_config, "--backend", "sglang", "--url", f"http://127.0.0.1:{_free_port()}")
+    url = f"http://127.0.0.1:{_free_port()}"
+    result = _cli(run_config, "--backend", "sglang", "--url", url)
     assert result.exit_code == 2
-    assert result.stderr.strip() == (f"eagle-eval: error: cannot connect to {result.stderr.split()[5]} "
-                                     "([Errno 111] Connection refused): is the server running at --url?")
+    assert re.fullmatch(rf"eagle-eval: error: cannot connect to {url}/get_server_info \(\[Errno 111\] Connection "
+                        r"refused; 3 attempts in [\d.]+ s; --retries 2, --timeout 300 s a request, --retry-budget 60 s "
+                        r"for its attempts\): is the server running at --url\?", result.stderr.strip()), result.stderr
     assert "Loading weights" not in result.stderr          # failed before loading the target
 
 

@@ -161,7 +161,7 @@ def _stalling_server(behaviour: str):
     return f"http://127.0.0.1:{srv.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("behaviour, said", [("stall", "did not answer within 1 s"),
+@pytest.mark.parametrize("behaviour, said", [("stall", "connected, but the answer was not complete within 1 s"),
                                               ("hang_up", "broke the connection while sending its answer")])
 def test_a_body_that_stalls_or_breaks_is_named_as_such_not_cannot_connect(behaviour, said):
     from eagle_eval.servers.http import Http

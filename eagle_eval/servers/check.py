@@ -164,7 +164,16 @@ def run_server_check(settings: Settings, check: ServerCheckOptions, oracle=None,
             folder.close()
 
 
-def _server(check: ServerCheckOptions):
+def _say(line: str) -> None:
+    """A heartbeat line on stderr, below the progress bar."""
+    import sys
+
+    from tqdm import tqdm
+
+    tqdm.write(f"eagle-eval: {line}", file=sys.stderr)
+
+
+def _server(check: ServerCheckOptions, progress: bool):
     """(client, its settings, a note, the SGLang log and where this check's lines start), on rank 0."""
     from eagle_eval.servers.http import Http
 
@@ -174,7 +183,8 @@ def _server(check: ServerCheckOptions):
     # with --url, only the lines the server appends while this check runs describe its workload
     log_start = log_path.stat().st_size if log_path is not None and check.url else 0
     eng = engine(check.backend)
-    client = eng.make_client(Http(check.url, check.timeout, check.retries), check) if check.url else None
+    client = eng.make_client(Http(check.url, check.timeout, check.retries, check.retry_budget,
+                                  _say if progress else None), check) if check.url else None
     # before loading the target: a wrong --url fails in seconds
     server_settings, note = client.settings() if client is not None else (None, None)
     return client, server_settings, note, log_path, log_start
@@ -192,7 +202,7 @@ def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, pro
 
     torch.manual_seed(settings.decoding.seed)
     backend, eng = check.backend, engine(check.backend)
-    client, server_settings, note, log_path, log_start = group.on_main(lambda: _server(check)) or (None,) * 5
+    client, server_settings, note, log_path, log_start = group.on_main(lambda: _server(check, progress)) or (None,) * 5
     oracle = load_oracle(settings, like=oracle)
     workload = checked_workload(oracle)      # the same prompts and turns as `run`
     resolved = oracle.resolved

@@ -21,8 +21,12 @@ class ServerCheckOptions(Group):
     tolerance: float = opt(0.05, "Relative tolerance: per-request interval in --mode tolerance, the SGLang log, and "
                            "at temperature > 0 the accept length against a faithful engine's expectation.")
     tie_margin: float = opt(0.1, "A divergence where the target's logit margin is below this is numerics, not a bug.")
-    timeout: float = opt(300.0, "Seconds per HTTP request.")
-    retries: int = opt(2, "Retries on connection errors and HTTP 502/503/504.")
+    timeout: float = opt(300.0, "Seconds one HTTP request may take, whole: connect, send, status line, headers and "
+                         "body (a server that trickles bytes is cut here).")
+    retries: int = opt(2, "Retries of a request on connection errors and HTTP 502/503/504 (never after the server may "
+                       "have run it), 0.2 s apart doubling to 2 s, within --retry-budget.")
+    retry_budget: float = opt(60.0, "Seconds for the attempts of one request: no retry starts after them, and one that "
+                              "starts ends by then.")
     served_model_name: str | None = opt(None, "vLLM: the `model` field (default: first of /v1/models).")
     metrics_settle: float = opt(0.2, "vLLM: seconds between /metrics reads until two agree.")
     vllm_metrics: str = opt("auto", "vLLM: where each request's acceptance is read. auto: the answer's per-request "
@@ -42,8 +46,8 @@ class ServerCheckOptions(Group):
             raise ConfigError("--backend is required (one of " + ", ".join(ENGINES) + ")")
         if self.url is None and self.sglang_log is None:
             raise ConfigError("--url is required (or --sglang-log alone, to compare a log with the oracle)")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"--url must start with http:// or https://, got {self.url!r}")
+        if self.url is not None:
+            _check_url(self.url)
         engine = ENGINES[self.backend]
         if self.sglang_log is not None and engine.compare_log is None:
             raise ConfigError(f"--sglang-log needs --backend sglang (an engine that writes that log), not {self.backend}")
@@ -53,5 +57,19 @@ class ServerCheckOptions(Group):
             raise ConfigError("--tolerance and --tie-margin must be >= 0")
         if self.rollouts < 1:
             raise ConfigError(f"--rollouts must be >= 1, got {self.rollouts}")
-        if self.timeout <= 0 or self.retries < 0 or self.metrics_settle < 0:
-            raise ConfigError("--timeout must be > 0, --retries and --metrics-settle >= 0")
+        if self.timeout <= 0 or self.retry_budget <= 0 or self.retries < 0 or self.metrics_settle < 0:
+            raise ConfigError("--timeout and --retry-budget must be > 0, --retries and --metrics-settle >= 0")
+
+
+def _check_url(url: str) -> None:
+    import urllib.parse
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--url must start with http:// or https://, got {url!r}")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port                                  # noqa: B018  (raises on a port out of range)
+    except ValueError as exc:
+        raise ConfigError(f"--url {url!r}: {exc}") from None
+    if not parts.hostname:
+        raise ConfigError(f"--url {url!r} names no host (http://HOST:PORT)")
