@@ -422,38 +422,6 @@ def reference_markdown() -> str:
     return "\n".join(lines)
 
 
-@main.command("plan")
-@click.option("--target", required=True,
-              help="Target folder: config.json (and model.safetensors.index.json if any); no weights are read.")
-@click.option("--draft", default=None, help="EAGLE-3 head folder (optional): its bytes and KV cache, with the lm_head.")
-@click.option("--gpus", type=int, default=None, help="GPUs to plan for (default: those visible here).")
-@click.option("--gpu-memory", default=None, help="Memory of each GPU, e.g. 141GB or 80GiB (default: the visible GPUs').")
-@click.option("--max-context", type=int, default=None,
-              help="Tokens per sequence for the KV cache (default: the target's max_position_embeddings).")
-@click.option("--batch", type=int, default=1, show_default=True, help="Sequences at once.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
-@click.option("--quantized", type=click.Choice(["held", "dequantized"]), default="held", show_default=True,
-              help="held: quantized weights as eagle-eval loads them (INT4 packed, FP8 blocks on an FP8 GPU); "
-                   "dequantized: every weight in --dtype (transformers' INT4 decompression).")
-@click.option("--reserve", default="2GiB", show_default=True,
-              help="Kept free on each GPU for the CUDA context and activations.")
-@click.option("--trust-remote-code", is_flag=True, default=False, help="Build the folder's own model code.")
-@click.option("--json", "json_path", default=None, help="Also write the plan as JSON to this file.")
-def plan_command(json_path, **kw):
-    """Does the target (and head) fit these GPUs? Bytes of every part as held, the KV cache per token, the
-    placement accelerate would choose and room left per GPU. Exit 0 = fits, 1 = does not fit, 2 = bad input."""
-    import json
-    from pathlib import Path
-
-    from eagle_eval.models.plan import PlanRequest, make_plan, render_plan
-
-    plan, caught = call(lambda: make_plan(PlanRequest(**kw)))
-    echo(render_plan(plan), caught)
-    if json_path:
-        Path(json_path).write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
-    sys.exit(0 if plan.fits else 1)
-
-
 def entry(args: list[str] | None = None) -> None:
     """The `eagle-eval` script and `python -m eagle_eval`: `main`, and in a process of a launched run an end
     without the interpreter's finalisation, with the command's own status (`group.exit_process`). An
