@@ -314,16 +314,15 @@ def _diagnose(kw: dict) -> None:
 
 
 def _plan(kw: dict) -> None:
-    import json
-    from pathlib import Path
-
-    from eagle_eval.models.plan import make_plan, render_plan
+    from eagle_eval.models.plan import check_json_path, make_plan, render_plan, write_plan_json
 
     (_, options), _ = call(build, "plan", kw)
+    if options.json_file:
+        call(check_json_path, options.json_file)          # before the plan: an unwritable --json fails at once
     plan, caught = call(make_plan, options)
     echo(render_plan(plan), caught)
     if options.json_file:
-        Path(options.json_file).write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
+        call(write_plan_json, plan, options.json_file)
         click.echo(f"\nwrote {options.json_file}")
     sys.exit(ExitCode.OK if plan.fits else ExitCode.FAILED)
 

@@ -663,7 +663,8 @@ class PlanOptions(Group):
                              "are read (required).")
     draft: str | None = opt(None, "EAGLE-3 head folder (optional): its bytes and KV cache, with the lm_head.")
     gpus: int | None = opt(None, "GPUs to plan for (default: those visible here).")
-    gpu_memory: str | None = opt(None, "Memory of each GPU, e.g. 141GB or 80GiB (default: the visible GPUs').")
+    gpu_memory: str | None = opt(None, "Memory of each GPU: 141GB (GB = 10^9 bytes) or 80GiB (GiB = 2^30 bytes); a "
+                                 "lower-case b or a bare number is refused (default: the visible GPUs').")
     max_context: int | None = opt(None, "Tokens per sequence for the KV cache (default: the target's "
                                   "max_position_embeddings).")
     batch: int = opt(1, "Sequences at once.")
@@ -671,12 +672,27 @@ class PlanOptions(Group):
     quantized: str = opt("held", "held: quantized weights as eagle-eval loads them (INT4 packed, FP8 blocks on an FP8 "
                          "GPU); dequantized: every weight in --dtype (transformers' INT4 decompression).",
                          choices=("held", "dequantized"))
-    reserve: str = opt("2GiB", "Kept free on each GPU for the CUDA context and activations.")
+    reserve: str = opt("2GiB", "Kept free on each GPU for the CUDA context and activations (a size as --gpu-memory, "
+                       "or 0).")
     trust_remote_code: bool = opt(False, "Build the folder's own model code.")
     json_file: str | None = opt(None, "Also write the plan as JSON to this file.", flag="--json")
 
     def validate(self):
+        from eagle_eval.units import parse_size
+
         if self.target is None:
             raise ConfigError("--target is required (a folder holding the target's config.json)")
-        for name in ("gpus", "max_context", "batch"):
-            at_least(getattr(self, name), 1, f"--{name.replace('_', '-')}")
+        for name, (low, high, why) in PLAN_LIMITS.items():
+            option, value = f"--{name.replace('_', '-')}", getattr(self, name)
+            at_least(value, low, option)
+            if value is not None and value > high:
+                raise ConfigError(f"{option} {value}: a plan takes at most {high} ({why})")
+        if self.gpu_memory is not None:
+            parse_size(self.gpu_memory, "--gpu-memory", ConfigError)
+        parse_size(self.reserve, "--reserve", ConfigError, allow_zero=True)
+
+
+# what a plan takes, at most: beyond these the meta tensors that carry the KV cache overflow, and a
+# placement over more GPUs than any model has layers says nothing
+PLAN_LIMITS = {"gpus": (1, 512, "one replica of a target over more GPUs than a model has layers is not a placement"),
+               "max_context": (1, 2**27, "tokens per sequence"), "batch": (1, 2**16, "sequences at once")}

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "eagle_eval"
 LOWER = {"models", "speculative", "workload", "results", "parallel"}
 HIGHER = {"oracle", "commands", "diagnose", "servers", "api", "cli"}
 # the floors above the stages, lowest first: a room imports only from its own floor or below
-DOOR = [{"errors"}, {"settings"}, LOWER, {"oracle"}, {"commands"}, {"diagnose", "servers"}, {"api"}, {"cli"}]
+DOOR = [{"errors", "units"}, {"settings"}, LOWER, {"oracle"}, {"commands"}, {"diagnose", "servers"}, {"api"}, {"cli"}]
 # modules (not packages) `eagle-eval run` loads: the greedy path's rooms, 41 before the settings issue
 GREEDY_PATH_ROOMS = 41
 
@@ -116,6 +116,7 @@ def test_parallel_knows_no_model():
 
 def test_errors_is_the_ground_floor():
     assert not [b for a, b in import_edges() if a == "eagle_eval.errors"]
+    assert {b for a, b in import_edges() if a == "eagle_eval.units"} <= {"eagle_eval.errors"}
 
 
 def test_no_circle_between_wings():

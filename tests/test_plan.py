@@ -174,9 +174,10 @@ def test_the_index_names_what_is_not_held(tmp_path):
 
 BAD = {
     "no folder": (["--target", "/nonexistent/x", *H200], r"/nonexistent/x: target folder does not exist"),
-    "no config": (["--gpus", "1", "--gpu-memory", "1GB"],
+    "no config": (["--gpus", "1", "--gpu-memory", "4GB"],
                   r"config.json: missing \(a plan needs the target's config.json\)"),
-    "bad size": (["--gpus", "2", "--gpu-memory", "lots"], r"--gpu-memory 'lots': not a size \(e.g. 141GB, 80GiB\)"),
+    "bad size": (["--gpus", "2", "--gpu-memory", "lots"], r"--gpu-memory 'lots': not a size; write a number and a "
+                                                          r"unit: 141GB \(GB = 10\^9 bytes\), 80GiB"),
     "no gpus": ([], r"no GPU is visible here: give --gpus N and --gpu-memory SIZE"),
     "batch 0": (["--gpus", "1", "--gpu-memory", "1GB", "--batch", "0"], r"--batch must be >= 1, got 0"),
 }

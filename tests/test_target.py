@@ -25,7 +25,7 @@ def test_rollback_then_recompute_matches_a_fresh_forward(tiny):
 
 
 def test_placement_options():
-    assert parse_max_memory("0=70GiB, 1=70GiB,cpu=100GiB") == {0: "70GiB", 1: "70GiB", "cpu": "100GiB"}
+    assert parse_max_memory("0=70GiB, 1=70GiB,cpu=100GiB") == {0: 70 * 2**30, 1: 70 * 2**30, "cpu": 100 * 2**30}
     assert parse_max_memory(None) is None
     with pytest.raises(TargetError, match="DEVICE=SIZE"):
         parse_max_memory("70GiB")

@@ -370,7 +370,7 @@ def test_max_memory_is_refused_where_it_would_be_ignored(tmp_path):
     from eagle_eval.settings import BUNDLED_TARGET
     from eagle_eval.models.target import TargetError, load_target, parse_max_memory
 
-    assert parse_max_memory("0=70GiB, 1=1.5GB,cpu=100GiB") == {0: "70GiB", 1: "1.5GB", "cpu": "100GiB"}
+    assert parse_max_memory("0=70GiB, 1=1.5GB,cpu=100GiB") == {0: 70 * 2**30, 1: 1_500_000_000, "cpu": 100 * 2**30}
     with pytest.raises(TargetError, match="--max-memory applies to --device-map auto"):
         load_target(str(BUNDLED_TARGET), dtype="fp32", device_map="cpu", max_memory="cpu=1GiB")
     if not torch.cuda.is_available():                  # without a GPU, auto places over the CPU and the disk

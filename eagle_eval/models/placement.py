@@ -6,7 +6,7 @@ Contract:
 - `infer_placement(model, max_memory)`: what `from_pretrained(device_map="auto", max_memory=...)` computes
   (transformers 5.24 `integrations/accelerate.py::_get_device_map`): accelerate's `get_balanced_memory`
   over the GPUs, then `infer_auto_device_map`, GPUs first, then "cpu", then "disk". No weight is read.
-- `size_bytes("141GB")`: accelerate's reading of a size (GB = 10^9, GiB = 2^30).
+Sizes are read by `eagle_eval.units.parse_size` (bytes reach accelerate, never text it would read its own way).
 The model is only inspected; nothing is moved.
 """
 
@@ -20,16 +20,6 @@ PACKED_EXPERTS = "PackedInt4Experts"
 
 def no_split_classes(model) -> list[str]:
     return sorted(set(getattr(model, "_no_split_modules", None) or []) | {PACKED_EXPERTS})
-
-
-def size_bytes(text) -> int:
-    """'141GB' -> 141 * 10**9, '70GiB' -> 70 * 2**30, bare digits or an int as bytes (accelerate's
-    convert_file_size_to_int)."""
-    from accelerate.utils import convert_file_size_to_int
-
-    if isinstance(text, str) and text.strip().isdigit():
-        return int(text)
-    return int(convert_file_size_to_int(text))
 
 
 @contextmanager
@@ -49,7 +39,7 @@ def quiet_accelerate():
 
 def infer_placement(model, max_memory: dict, balanced: bool = True) -> dict:
     """{module name: 0..N-1 | "cpu" | "disk"} for `model` (on the meta device) under `max_memory`
-    ({gpu index | "cpu" | "disk": bytes or a size string})."""
+    ({gpu index | "cpu" | "disk": bytes})."""
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 

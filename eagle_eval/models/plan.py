@@ -30,11 +30,13 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.plan_model import PlanError, head_meta, held_meta_model
-from eagle_eval.models.placement import infer_placement, quiet_accelerate, size_bytes
+from eagle_eval.models.placement import infer_placement, quiet_accelerate
+from eagle_eval.settings import PLAN_LIMITS
+from eagle_eval.units import parse_size, spell_size
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 KV, HEAD = "_plan_kv", "_plan_head"           # the meta tensors that carry a layer's cache and the head
-MAX_GPUS = 512
+MAX_GPUS = PLAN_LIMITS["gpus"][1]
 PARTS = (("routed experts", ".mlp.experts."), ("shared experts", ".shared_experts."), ("router", ".mlp.gate."),
          ("attention", ".self_attn."), ("dense MLP", ".mlp."), ("embeddings", "embed_tokens."),
          ("lm_head", "lm_head."))
@@ -60,13 +62,6 @@ class Plan:
         return asdict(self)
 
 
-def _size(text: str, option: str) -> int:
-    try:
-        return size_bytes(text)
-    except (ValueError, TypeError) as exc:
-        raise PlanError(f"{option} {text!r}: not a size (e.g. 141GB, 80GiB)") from exc
-
-
 def _gpus(req: PlanRequest) -> tuple[int, int]:
     """(GPU count, bytes per GPU): as given, else what this machine has."""
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -75,7 +70,7 @@ def _gpus(req: PlanRequest) -> tuple[int, int]:
         raise PlanError("no GPU is visible here: give --gpus N and --gpu-memory SIZE "
                         "(e.g. --gpus 8 --gpu-memory 141GB)")
     if req.gpu_memory is not None:
-        return count, _size(req.gpu_memory, "--gpu-memory")
+        return count, parse_size(req.gpu_memory, "--gpu-memory", PlanError)
     if visible == 0:
         raise PlanError("--gpu-memory is needed: no GPU is visible here to read it from")
     return count, min(torch.cuda.get_device_properties(i).total_memory for i in range(visible))
@@ -237,9 +232,13 @@ def make_plan(req: PlanRequest) -> Plan:
     if not folder.is_dir():
         raise PlanError(f"{req.target}: target folder does not exist (a plan reads local folders only)")
     gpus, gpu_bytes = _gpus(req)
-    reserve = _size(req.reserve, "--reserve")
+    reserve = parse_size(req.reserve, "--reserve", PlanError, allow_zero=True)
+    if reserve >= gpu_bytes:
+        raise PlanError(f"--reserve {req.reserve} leaves nothing of each GPU's {human(gpu_bytes)} "
+                        f"({'--gpu-memory ' + req.gpu_memory if req.gpu_memory else 'the visible GPUs'})")
     dtype = DTYPES[req.dtype]
-    held = held_meta_model(folder, dtype, req.quantized == "held", req.trust_remote_code)
+    held = held_meta_model(folder, dtype, req.quantized == "held", req.trust_remote_code,
+                           context_given=req.max_context is not None)
     model = held.model
     decoder = find_text_decoder(model, str(folder), PlanError)
     context = req.max_context if req.max_context is not None else getattr(decoder.config, "max_position_embeddings",
@@ -295,12 +294,7 @@ def _suggestions(sizer: _Sizer, context: int, gpus: int, per_gpu: int, working: 
         while n <= MAX_GPUS and not _fits(sizer.place(context, n, per_gpu, working)[1]):
             n += 1
         out.append(f"{n} GPUs of this size" if n <= MAX_GPUS else f"more than {MAX_GPUS} GPUs of this size")
-    _, used = sizer.place(context, gpus, per_gpu, working, cpu=1 << 60)
-    on_cpu = sum(v["weights"] + v["kv"] + v["head"] for d, v in used.items() if d == "cpu")
-    gpu_gib, cpu_gib = per_gpu // 2**30, -(-on_cpu // 2**30) + 1          # a GPU's budget down, the CPU's up
-    out.append(f"CPU offload: --max-memory {','.join(f'{i}={gpu_gib}GiB' for i in range(gpus))},cpu={cpu_gib}GiB "
-               f"holds {human(on_cpu)} on the CPU, copied to a GPU at every forward (docs/quantized.md: the cost "
-               "per cycle)")
+    out.append(_offload(sizer, context, gpus, per_gpu, working))
     _, empty = sizer.place(1, gpus, per_gpu, 0)
     if _fits(empty):
         low, high = 1, context
@@ -311,6 +305,50 @@ def _suggestions(sizer: _Sizer, context: int, gpus: int, per_gpu: int, working: 
     else:
         out.append(f"no context fits {gpus} GPUs: the weights alone need more")
     return out
+
+
+def _offload(sizer: _Sizer, context: int, gpus: int, per_gpu: int, working: int) -> str:
+    """The CPU offload that would hold the rest: `--max-memory` with the target's weights that placement puts
+    on each GPU and on the CPU (sizes rounded up, as `units.parse_size` reads them; a GPU given nothing is
+    left out, since --max-memory takes no zero)."""
+    if per_gpu - working * context * sizer.batch <= 0:
+        return "no CPU offload: the attention working set and the reserve take a whole GPU"
+    _, used = sizer.place(context, gpus, per_gpu, working, cpu=1 << 60)
+    weights = {d: v["weights"] for d, v in used.items() if v["weights"] > 0}
+    on_cpu = sum(v["weights"] + v["kv"] + v["head"] for d, v in used.items() if d == "cpu")
+    if "cpu" not in weights:
+        return "no CPU offload: what does not fit is not the target's weights"
+    budget = ",".join(f"{d}={spell_size(weights[d], up=True)}" for d in [*range(gpus), "cpu"] if d in weights)
+    return (f"CPU offload: --max-memory {budget} (the target's weights where that placement puts them) holds "
+            f"{human(on_cpu)} on the CPU, copied to a GPU at every forward (docs/quantized.md: the cost per cycle)")
+
+
+def check_json_path(path: str) -> None:
+    """`--json PATH` can be written: its folder exists and PATH is not a folder (checked before the plan)."""
+    p = Path(path)
+    if p.is_dir():
+        raise PlanError(f"--json {path}: is a folder; give a file name")
+    if not p.parent.is_dir():
+        what = "is a file, not a folder" if p.parent.exists() else "does not exist"
+        raise PlanError(f"--json {path}: {p.parent} {what}")
+
+
+def write_plan_json(plan: Plan, path: str) -> None:
+    """The plan as JSON at `path`, whole or not at all (a temporary file renamed); a PlanError when it cannot
+    be written."""
+    import json
+    import os
+
+    tmp = Path(f"{path}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise PlanError(f"--json {path}: cannot be written ({exc.strerror or exc})") from None
 
 
 def gib(n: int) -> float:

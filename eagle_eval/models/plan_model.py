@@ -20,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -34,6 +35,78 @@ from eagle_eval.models.files import read_json_file
 
 class PlanError(UserError, ValueError):
     """A plan's input eagle-eval cannot read; the message names the file, key or option."""
+
+
+# The sizes of a config a plan reads, directly or through the model transformers builds from it: each a
+# whole number in (low, high), or null where the architecture gives null a meaning (a full-rank q, no
+# sliding window, head_dim derived from hidden_size). The highs are far above any released model and far
+# below what would overflow a meta tensor (a vocabulary of 10^12 is a typo, not a model).
+def _sizes(names: str, low: int, high: int, nullable: bool = False) -> dict:
+    return dict.fromkeys(names.split(), (low, high, nullable))
+
+
+SIZES = {
+    **_sizes("vocab_size draft_vocab_size", 1, 2**24),                # draft_vocab_size: an EAGLE-3 head's
+    **_sizes("hidden_size target_hidden_size n_embd intermediate_size moe_intermediate_size shared_expert_intermediate_size "
+             "qk_nope_head_dim qk_rope_head_dim v_head_dim kv_lora_rank", 1, 2**20),
+    **_sizes("head_dim q_lora_rank", 1, 2**20, nullable=True),
+    **_sizes("num_hidden_layers n_layer num_attention_heads n_head moe_layer_freq decoder_sparse_step", 1, 2**14),
+    **_sizes("num_key_value_heads", 1, 2**14, nullable=True),
+    **_sizes("first_k_dense_replace", 0, 2**14),                    # 0: every layer has experts
+    **_sizes("n_routed_experts num_local_experts num_experts", 1, 2**16),
+    **_sizes("n_shared_experts", 0, 2**16, nullable=True),
+    **_sizes("max_position_embeddings n_positions", 1, 2**27),
+    **_sizes("sliding_window", 1, 2**27, nullable=True),
+}
+
+
+def check_sizes(config: dict, where: Path, at: str = "") -> None:
+    """Every size of `config` (and of its nested *_config, a wrapper's text_config) a whole number in its
+    range, before anything is built: a PlanError naming the file and the key."""
+    for key, value in config.items():
+        if isinstance(value, dict) and key.endswith("_config") and key != "quantization_config":
+            check_sizes(value, where, f"{at}{key}.")
+        elif key in SIZES:
+            low, high, nullable = SIZES[key]
+            if value is None and nullable:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise PlanError(f"{where}: {at}{key} is {json.dumps(value)}; expected a whole number from {low} to "
+                                f"{high:,}" + (" or null" if nullable else ""))
+
+
+def no_invented_sizes(cfg, config: dict, where: Path, at: str = "", context_given: bool = False) -> None:
+    """A size the built config holds but config.json does not give, where the config class would put its own
+    default (Llama's vocabulary of 32000, 2048 positions): refused, naming the key. A size the class derives
+    from others when it is absent (head_dim from hidden_size / heads, num_key_value_heads = heads in Llama)
+    is the model's own. Nested configs (text_config) likewise; the positions need not be given with
+    --max-context."""
+    import inspect
+
+    from transformers import PretrainedConfig
+
+    params = inspect.signature(type(cfg).__init__).parameters
+    aliases = getattr(cfg, "attribute_map", None) or {}
+    for name, value in vars(cfg).items():
+        spellings = [name] + [a for a, real in aliases.items() if real == name]
+        given = next((s for s in spellings if s in config), None)
+        if isinstance(value, PretrainedConfig) and name.endswith("_config"):
+            if given is None:
+                raise PlanError(f"{where}: {at}{name} is missing; transformers would build its default "
+                                f"{type(value).__name__}, not this model")
+            if isinstance(config[given], dict):
+                no_invented_sizes(value, config[given], where, f"{at}{given}.", context_given)
+            continue
+        if name not in SIZES or given is not None or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        default = next((params[s].default for s in spellings if s in params), None)
+        if isinstance(default, bool) or not isinstance(default, int):
+            continue                                       # derived from the sizes given, not a default
+        if name in ("max_position_embeddings", "n_positions") and context_given:
+            continue
+        hint = "; give it, or --max-context N" if name in ("max_position_embeddings", "n_positions") else ""
+        raise PlanError(f"{where}: {at}{name} is missing; transformers would fill in its default {value} "
+                        f"({type(cfg).__name__}), which is not this model's{hint}")
 
 
 @dataclass
@@ -62,7 +135,8 @@ def _text_class(text: dict, where: Path):
                     "none of which transformers builds; pass --trust-remote-code for the folder's own code")
 
 
-def _build(folder: Path, config: dict, dtype: torch.dtype, trust_remote_code: bool) -> tuple[nn.Module, str, str]:
+def _build(folder: Path, config: dict, dtype: torch.dtype, trust_remote_code: bool,
+           context_given: bool = False) -> tuple[nn.Module, str, str]:
     """(meta model, what was built, the checkpoint-name prefix of its tensors: 'language_model.' when only a
     wrapper's text model was built). A wrapper without its remote code is built as its text model even when
     transformers knows the wrapper (5.24 has Kimi-K2.5's, under renamed keys): the checkpoint's names stay
@@ -83,8 +157,9 @@ def _build(folder: Path, config: dict, dtype: torch.dtype, trust_remote_code: bo
     try:
         if remote or native:
             cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=remote, local_files_only=True)
+            no_invented_sizes(cfg, config, where, context_given=context_given)
             auto = auto_class_name(config, remote)
-            with init_empty_weights():
+            with torch.device("meta"), init_empty_weights():     # nothing allocated, not even for a moment
                 model = getattr(transformers, auto).from_config(cfg, dtype=dtype, trust_remote_code=remote)
             how = "its remote code" if remote else "transformers"
             return model, f"{type(model).__name__} ({how}, from config.json)", ""
@@ -93,8 +168,10 @@ def _build(folder: Path, config: dict, dtype: torch.dtype, trust_remote_code: bo
             raise PlanError(f"{where}: model_type {config.get('model_type')!r} is not one transformers builds and "
                             "there is no text_config; pass --trust-remote-code for the folder's own code")
         cls, config_cls = _text_class(text, where)
-        with init_empty_weights():
-            model = cls._from_config(config_cls(**text), dtype=dtype)
+        text_cfg = config_cls(**text)
+        no_invented_sizes(text_cfg, text, where, "text_config.", context_given)
+        with torch.device("meta"), init_empty_weights():
+            model = cls._from_config(text_cfg, dtype=dtype)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
         if isinstance(exc, UserError):
             raise
@@ -251,18 +328,21 @@ def _hold_fp8(model, qc: dict) -> int:
     return len(linears) + len(experts)
 
 
-def held_meta_model(folder: Path, dtype: torch.dtype, held: bool = True, trust_remote_code: bool = False) -> HeldModel:
-    """The target of `folder` on the meta device, as held (module contract)."""
+def held_meta_model(folder: Path, dtype: torch.dtype, held: bool = True, trust_remote_code: bool = False,
+                    context_given: bool = False) -> HeldModel:
+    """The target of `folder` on the meta device, as held (module contract). `context_given`: the plan has
+    its own context length, so config.json need not give max_position_embeddings."""
     from eagle_eval.models.quant.info import checkpoint_quantization_config
     from eagle_eval.models.quant.int4 import int4_scheme
 
     if not (folder / "config.json").is_file():
         raise PlanError(f"{folder / 'config.json'}: missing (a plan needs the target's config.json)")
     config = read_json_file(folder / "config.json", PlanError, "a Hugging Face model config (a JSON object)")
+    check_sizes(config, folder / "config.json")
     index_file = folder / "model.safetensors.index.json"
     index = read_json_file(index_file, PlanError, "a safetensors index") if index_file.is_file() else None
     names = sorted((index or {}).get("weight_map") or {}) if index else None
-    model, built, prefix = _build(folder, config, dtype, trust_remote_code)
+    model, built, prefix = _build(folder, config, dtype, trust_remote_code, context_given)
     out = HeldModel(model=model.eval(), built=built)
     qc = checkpoint_quantization_config(folder) or {}
     scheme = int4_scheme(qc, folder / "config.json")
@@ -312,6 +392,7 @@ def head_meta(folder: Path, dtype: torch.dtype):
     from eagle_eval.models.files import safetensors_header
 
     config_file, config = _read_config(folder)
+    check_sizes(config, config_file)
     dialect = detect_dialect(config, config_file)
     weights = folder / "model.safetensors"
     names = set(safetensors_header(weights, PlanError)) if weights.is_file() else set()

@@ -32,14 +32,14 @@ MEMORY_DEVICES = ("cpu", "disk", "mps")     # accelerate's named devices besides
 
 
 def parse_max_memory(text: str | None) -> dict | None:
-    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: '70GiB', 1: '70GiB', 'cpu': '200GiB'}, every size checked as
-    accelerate reads it (`accelerate.utils.modeling.convert_file_size_to_int`, called by `get_max_memory`):
-    a number with KB/MB/GB or KiB/MiB/GiB (a bare number is refused there too). A lower-case `b` means bits to accelerate
-    ('70Gb' is 8.75 GB), so it is refused; so are unknown devices, a device given twice and sizes <= 0."""
-    from accelerate.utils.modeling import convert_file_size_to_int
-
+    """'0=70GiB,1=70GiB,cpu=200GiB' -> {0: 70 * 2**30, 1: 70 * 2**30, 'cpu': 200 * 2**30}: bytes per device, each
+    size read by `units.parse_size` (the one reading of a size; a lower-case `b`, which accelerate reads as
+    bits, and a bare number are refused there) and handed to accelerate as bytes, so that accelerate never
+    reads the text its own way. Unknown devices, a device given twice and sizes <= 0 are refused."""
     if text is None:
         return None
+    from eagle_eval.units import parse_size
+
     if not str(text).strip():
         raise TargetError("--max-memory is empty; give DEVICE=SIZE pairs, e.g. 0=70GiB,cpu=100GiB")
     out = {}
@@ -54,23 +54,7 @@ def parse_max_memory(text: str | None) -> dict | None:
                               f"{', '.join(MEMORY_DEVICES)}{hint}")
         if key in out:
             raise TargetError(f"--max-memory: device {dev!r} is given twice")
-        if size[:-1].isdigit() and size.endswith("B"):      # exact bytes, e.g. 20000B (accelerate reads an int)
-            out[key] = int(size[:-1])
-            continue
-        number = size.rstrip("KMGTiBbkmgt")
-        unit = size[len(number):]
-        if unit[-1:] == "b" and len(unit) > 1:
-            big = unit[0].upper()
-            raise TargetError(f"--max-memory: {dev}={size}: a lower-case 'b' means bits to accelerate ({size} is "
-                              f"an eighth of {number}{big}B); write {number}{big}B or {number}{big}iB")
-        try:
-            n = convert_file_size_to_int(size)
-        except (ValueError, AttributeError) as exc:
-            raise TargetError(f"--max-memory: {dev}={size!r} is not a size (a number with KB/MB/GB or KiB/MiB/GiB, "
-                              "e.g. 70GiB)") from exc
-        if n <= 0:
-            raise TargetError(f"--max-memory: {dev}={size} is not a positive size")
-        out[key] = size
+        out[key] = parse_size(size, "--max-memory", TargetError, said=f"--max-memory: {dev}={size}")
     return out
 
 
