@@ -74,15 +74,15 @@ def parse_size(text, option: str, error: type[Exception] = SizeError, allow_zero
 
 
 def spell_size(n: int, up: bool = False) -> str:
-    """`n` bytes (> 0) in the largest binary unit that holds at least one, rounded down (`up`: up), as
-    `parse_size` reads it: never zero, never negative.
+    """`n` bytes (> 0) in the largest of GiB, MiB, KiB that holds at least one, rounded down (`up`: up), as
+    `parse_size` reads it: never zero, never negative, and off by less than one unit (so never TiB).
 
     >>> spell_size(141 * 10**9), spell_size(141 * 10**9, up=True), spell_size(1000), spell_size(5 * 2**20)
     ('131GiB', '132GiB', '1000B', '5MiB')
     """
     if n <= 0:
         raise ValueError(f"spell_size: {n} is not a positive number of bytes")
-    for unit in ("Ti", "Gi", "Mi", "Ki"):
+    for unit in ("Gi", "Mi", "Ki"):
         size = UNITS[unit]
         if n >= size:
             return f"{-(-n // size) if up else n // size}{unit}B"

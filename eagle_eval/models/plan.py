@@ -18,7 +18,10 @@ Contract: `make_plan(PlanRequest)` -> Plan, a JSON-ready record; `render_plan(pl
   set at the full context (MLA expands the latent into per-head K and V for the layer it computes);
 - the placement accelerate chooses (models/placement.py) over `gpus` x `gpu_memory` minus those.
 The verdict: fits with the least room left on any GPU, or does not fit, with what would: the fewest GPUs
-of this size that fit, the bytes a CPU offload would hold, the longest context that fits.
+of this size that fit, the bytes a CPU offload would hold, the longest context that fits. Every size the
+advice names is positive and read back by `units.parse_size`, which reads the sizes given too. Refused as
+bad input (PlanError): a config whose sizes are out of range or left to transformers' defaults
+(models/plan_model.py), a --reserve that leaves nothing of a GPU, a --json that cannot be written.
 """
 
 from __future__ import annotations

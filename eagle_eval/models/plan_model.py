@@ -16,6 +16,10 @@ Contract:
   hold (an MTP layer transformers ignores, a wrapper's vision tower when only its text model was built),
   by pattern, and its `total_size`.
 - `head_meta(folder, dtype)` -> (head on the meta device, HeadConfig): the draft head eagle-eval would load.
+- Before anything is built, `check_sizes`: every size of config.json (its text_config, the head's config) a
+  whole number in range (`SIZES`); once the config object exists and before the model, `no_invented_sizes`:
+  no size the file leaves out where the config class would fill in a default of its own. The models are
+  built under torch.device("meta"): no tensor is ever made in memory.
 """
 
 from __future__ import annotations

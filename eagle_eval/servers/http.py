@@ -223,7 +223,7 @@ class Http:
         finally:
             sock.close()
 
-    def request(self, method: str, path: str, json=None, **kw) -> Answer:
+    def request(self, method: str, path: str, json=None) -> Answer:
         """The server's answer to one request (class contract); a ServerError naming the URL on anything
         but a status below 400."""
         url = self.base + path
@@ -260,8 +260,8 @@ class Http:
                               + (f" ({tried})" if answer.status in RETRY_STATUS else ""))
         return answer
 
-    def json(self, method: str, path: str, **kw):
-        r = self.request(method, path, **kw)
+    def json(self, method: str, path: str, json=None):
+        r = self.request(method, path, json=json)
         try:
             return jsonlib.loads(r.content)
         except ValueError:
