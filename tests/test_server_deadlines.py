@@ -124,3 +124,27 @@ def test_deadline_options_are_checked(kw, said):
 
     with pytest.raises(ConfigError, match=said):
         ServerCheckOptions(**{"backend": "sglang", "url": "http://127.0.0.1:1", **kw})
+
+
+def test_reading_vllm_counters_until_they_settle_says_so_when_it_takes_long(monkeypatch):
+    """The other wait of server-check: /metrics read until two reads agree (--metrics-settle apart)."""
+    from eagle_eval.servers.vllm import VLLMClient
+
+    monkeypatch.setattr(http_module, "HEARTBEAT_S", 0.1)
+
+    class Moving:                                   # counters that never settle: every read one more draft
+        base, reads, heartbeat = "http://vllm", 0, None
+
+        def request(self, method, path):
+            self.reads += 1
+
+            class Answer:
+                text = f'vllm:spec_decode_num_drafts_total{{model_name="m",engine="0"}} {self.reads}.0\n'
+            return Answer()
+
+    http, lines = Moving(), []
+    http.heartbeat = lines.append
+    VLLMClient(http, model="m", settle=0.05).settled_counters(tries=8)
+    assert http.reads == 9 and lines, lines
+    assert all(re.fullmatch(r"http://vllm/metrics: \d+ s reading until two reads agree \(\d reads so far, at most 9, "
+                            r"--metrics-settle 0.05 s apart\)", line) for line in lines), lines

@@ -244,12 +244,21 @@ class VLLMClient:
         return parse_vllm_metrics(self.http.request("GET", "/metrics").text, url)
 
     def settled_counters(self, tries: int = 10) -> SpecCounters:
-        """vLLM records a step's stats after the answer may have gone out: read until two reads agree."""
+        """vLLM records a step's stats after the answer may have gone out: read until two reads agree (at most
+        `tries` more reads, `settle` s apart; a wait past HEARTBEAT_S is said on the Http's heartbeat)."""
+        from eagle_eval.servers.http import HEARTBEAT_S
+
+        start = time.monotonic()
+        beat, say = start + HEARTBEAT_S, getattr(self.http, "heartbeat", None)
         last = self.counters()
-        for _ in range(tries):
+        for i in range(tries):
             if self.settle <= 0:
                 return last
             time.sleep(self.settle)
+            if say is not None and time.monotonic() >= beat:
+                say(f"{self.http.base}/metrics: {time.monotonic() - start:.0f} s reading until two reads agree "
+                    f"({i + 1} reads so far, at most {tries + 1}, --metrics-settle {self.settle:g} s apart)")
+                beat = time.monotonic() + HEARTBEAT_S
             now = self.counters()
             if now == last:
                 return now
