@@ -3,38 +3,44 @@
 Contract: pure tensor math over target probabilities already read at the drafts (no model here). Notation
 of EAGLE3.md section 8: p is the target's processed distribution at a node (speculative/sampling.py
 `target_probs`), a child c of that node has a = p(c); A is the number of accepted drafts of one cycle.
+Each rule's closed form is ONE record, `CLOSED_FORMS[rule]` (`ClosedForm`): the one-hot rules' `node`,
+P(accept c_k | at the parent) of the children of one node in sibling order, from which chains and trees
+alike are built; the sampled-draft rules' P(A >= 1).
 
-- one-hot chain (vllm, sglang and eagle with topk = 1): draft d_i is accepted with probability p_i(d_i)
-  given d_1..d_{i-1} accepted, so P(A >= k) = prod_{i<=k} p_i(d_i) (`chain_at_least`).
-- one-hot tree: P(reach v) = product over the path of P(accept child | at parent) (`tree_reach`); the
-  events "accepted path reaches v" for the nodes v of one depth are disjoint, so P(A >= d) = sum of
-  P(reach v) over depth d (`depth_at_least`). P(accept c_k | at parent), children c_1..c_m in sibling order
-  (`sibling_accept`):
-  - sglang (`TreeSpeculativeSamplingTargetOnly`, one coin u per depth, c_k accepted iff a_k > 0 and
-    (u < C_k / t_acc or a_k >= t_single), C_k = a_1 + .. + a_k): with F(x) = min(1, x / t_acc), k* the first
-    child with a_k >= t_single (> 0): F(C_k) - F(C_{k-1}) for k < k*, 1 - F(C_{k*-1}) at k*, 0 after.
-    Thresholds 1 give a_k. Sibling order matters only when a threshold is below 1.
+- one node (`sibling_accept`, children c_1..c_m, C_k = a_1 + .. + a_k):
+  - vllm (chains only; `rejection_random_sample_kernel` with no draft probs: accept iff p(d) >= u): a.
+  - sglang (`TreeSpeculativeSamplingTargetOnly`, one coin u per depth, c_k accepted iff u <= C_k / t_acc or
+    a_k >= t_single): with F(x) = min(1, x / t_acc), k* the first child with a_k >= t_single (> 0):
+    F(C_k) - F(C_{k-1}) for k < k*, 1 - F(C_{k*-1}) at k*, 0 after. Thresholds 1 give a_k. Sibling order
+    matters only when a threshold is below 1; with ONE child (a chain) it is min(1, a / t_acc), or 1 when
+    a >= t_single: not a itself below 1.
   - eagle (`evaluate_posterior`: a fresh coin per distinct sibling, accept with the renormalised
     p(c_k) / (1 - C_{k-1}), else zero it): prod_{i<k} (1 - a_i / (1 - C_{i-1})) * a_k / (1 - C_{k-1}), which
     telescopes to a_k (`eagle_sibling_accept` keeps the product, so the telescoping is tested, not assumed).
   Children are de-duplicated first: a later sibling with the token of an earlier one is never accepted
   (the emitted token at a depth is one token; every engine's tree holds distinct siblings anyway).
-- probabilistic drafts (vllm-probabilistic, sglang-rs): d_i ~ q_i and accepted with min(1, p_i / q_i), so
+- chain (every one-hot rule, topk = 1): a chain is a tree of one child per node, so P(accept d_i | d_<i
+  accepted) is the rule's node form with one child (`chain_accept`) and P(A >= k) is the product of those
+  (`chain_at_least`).
+- tree: P(reach v) = product over the path of P(accept child | at parent) (`tree_reach`); the events
+  "accepted path reaches v" for the nodes v of one depth are disjoint, so P(A >= d) = sum of P(reach v)
+  over depth d (`depth_at_least`).
+- sampled drafts (vllm-probabilistic, sglang-rs): d_i ~ q_i and accepted with min(1, p_i / q_i), so
   P(A >= 1) = sum_x min(p_1(x), q_1(x)) exactly (`overlap`); deeper positions are estimated by
-  speculative/rollouts.py (docs/sampling.md derives the estimator and its variance).
+  speculative/weighted.py or rollouts.py (docs/sampling.md derives the estimators and their variance).
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import Callable
 
-ONE_HOT_RULES = ("vllm", "sglang", "eagle")
-PROBABILISTIC_RULES = ("vllm-probabilistic", "sglang-rs")
-TREE_RULES = ("sglang", "eagle")
+import torch
 
 
 def chain_at_least(accept: torch.Tensor) -> torch.Tensor:
-    """accept [..., K]: p_i(d_i) along a chain -> P(A >= k) [..., K], k = 1..K.
+    """accept [..., K]: P(accept d_i | d_1..d_{i-1} accepted) along a chain (`chain_accept`) -> P(A >= k)
+    [..., K], k = 1..K.
 
     >>> chain_at_least(torch.tensor([0.5, 0.8, 0.25])).tolist()
     [0.5, 0.4000000059604645, 0.10000000149011612]
@@ -62,6 +68,8 @@ def sglang_sibling_accept(a: torch.Tensor, valid: torch.Tensor, t_single: float 
     >>> [round(x, 6) for x in sglang_sibling_accept(torch.tensor([0.3, 0.5, 0.1]),
     ...                                               torch.tensor([True] * 3), 0.4, 0.5).tolist()]
     [0.6, 0.4, 0.0]
+    >>> [round(x, 6) for x in sglang_sibling_accept(torch.tensor([0.3]), torch.tensor([True]), 1.0, 0.5).tolist()]
+    [0.6]
     """
     a = a.double() * valid
     c = a.cumsum(-1)
@@ -82,18 +90,77 @@ def eagle_sibling_accept(a: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return reject_before * ratio * valid
 
 
+def vllm_sibling_accept(a: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """a, valid [..., m] (m = 1: vLLM verifies chains) -> P(accept d | at the parent) = p(d)."""
+    if valid.shape[-1] > 1 and bool((valid.sum(-1) > 1).any()):
+        raise ValueError("accept rule vllm verifies chains only (one child per node)")
+    return a.double() * valid
+
+
+@dataclass(frozen=True)
+class ClosedForm:
+    """One accept rule's closed form. `node` (the one-hot rules): (a, valid [..., m], decoding) -> P(accept
+    c_k | at the parent) [..., m] float64, the children in sibling order; chains and trees are built from it.
+    `first` (the sampled-draft rules): (p, q [..., V]) -> P(A >= 1), exact; deeper positions are estimated.
+    `lossless(decoding)`: the rule's output is plain sampling from p at these settings."""
+    node: Callable | None = None
+    first: Callable | None = None
+    trees: bool = False                 # the rule verifies trees (topk > 1)
+    lossless: Callable = lambda decoding: True                                  # noqa: E731
+
+
+def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """sum_x min(p(x), q(x)) over the last dim: P(accept) of a draft sampled from q, kept with min(1, p/q).
+
+    >>> round(float(overlap(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.4, 0.4]))), 6)
+    0.6
+    """
+    return torch.minimum(p, q).sum(-1)
+
+
+CLOSED_FORMS = {
+    "vllm": ClosedForm(node=lambda a, valid, decoding: vllm_sibling_accept(a, valid)),
+    "vllm-probabilistic": ClosedForm(first=overlap),
+    "sglang": ClosedForm(node=lambda a, valid, decoding: sglang_sibling_accept(
+        a, valid, decoding.accept_threshold_single, decoding.accept_threshold_acc), trees=True,
+        lossless=lambda decoding: (decoding.accept_threshold_single, decoding.accept_threshold_acc) == (1.0, 1.0)),
+    "sglang-rs": ClosedForm(first=overlap),
+    "eagle": ClosedForm(node=lambda a, valid, decoding: eagle_sibling_accept(a, valid), trees=True),
+}
+ONE_HOT_RULES = tuple(r for r, f in CLOSED_FORMS.items() if f.node is not None)
+PROBABILISTIC_RULES = tuple(r for r, f in CLOSED_FORMS.items() if f.first is not None)
+TREE_RULES = tuple(r for r, f in CLOSED_FORMS.items() if f.trees)
+
+
 def sibling_accept(a: torch.Tensor, valid: torch.Tensor, decoding) -> torch.Tensor:
     """P(accept c_k | at the parent) [..., m] under `decoding.accept_rule` (a one-hot rule); float64."""
-    rule = decoding.accept_rule
-    if rule == "sglang":
-        return sglang_sibling_accept(a, valid, decoding.accept_threshold_single, decoding.accept_threshold_acc)
-    if rule == "eagle":
-        return eagle_sibling_accept(a, valid)
-    if rule == "vllm":
-        if valid.shape[-1] > 1 and bool((valid.sum(-1) > 1).any()):
-            raise ValueError("accept rule vllm verifies chains only (one child per node)")
-        return a.double() * valid
-    raise ValueError(f"accept rule {rule!r} has no one-hot closed form (drafts are sampled)")
+    form = CLOSED_FORMS.get(decoding.accept_rule)
+    if form is None or form.node is None:
+        raise ValueError(f"accept rule {decoding.accept_rule!r} has no one-hot closed form (drafts are sampled)")
+    return form.node(a, valid, decoding)
+
+
+def realized_along_samples(decoding) -> bool:
+    """Whether the drafts' prefix match along a text sampled from p is distributed as the rule's own realized
+    acceptance: a one-hot rule (an emitted token equals a draft exactly when that draft was accepted, since a
+    rejected child leaves the residual) whose output is plain sampling from p; not sampled drafts (the count
+    is not a function of the text), not SGLang's thresholds below 1 (its text is not a sample of p)."""
+    form = CLOSED_FORMS[decoding.accept_rule]
+    return form.node is not None and form.lossless(decoding)
+
+
+def chain_accept(a: torch.Tensor, decoding) -> torch.Tensor:
+    """a [..., K]: p_i(d_i) along a chain -> P(accept d_i | d_1..d_{i-1} accepted) [..., K] float64: the rule's
+    node form with one child at each node (under SGLang's thresholds below 1 not p_i(d_i) itself).
+
+    >>> from eagle_eval.settings import DecodingSettings
+    >>> dec = DecodingSettings(temperature=1.0, accept_rule="sglang", accept_threshold_single=0.7,
+    ...                        accept_threshold_acc=0.5)
+    >>> chain_accept(torch.tensor([0.2, 0.4, 0.7, 0.0], dtype=torch.float64), dec).tolist()
+    [0.4, 0.8, 1.0, 0.0]
+    """
+    one_child = torch.ones(a.shape + (1,), dtype=torch.bool, device=a.device)
+    return sibling_accept(a[..., None], one_child, decoding)[..., 0]
 
 
 def tree_reach(parents: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
@@ -117,11 +184,3 @@ def depth_at_least(reach: torch.Tensor, depths: torch.Tensor, num_steps: int) ->
     levels = torch.arange(1, num_steps + 1, device=depths.device)
     return ((depths[..., None, :] == levels[:, None]) * reach[..., None, :]).sum(-1)
 
-
-def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """sum_x min(p(x), q(x)) over the last dim: P(accept) of a draft sampled from q, kept with min(1, p/q).
-
-    >>> round(float(overlap(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.4, 0.4]))), 6)
-    0.6
-    """
-    return torch.minimum(p, q).sum(-1)

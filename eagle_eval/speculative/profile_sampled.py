@@ -7,14 +7,17 @@ the continuation and its KV cache. Start t >= 1 (docs/sampling.md) is the contex
 continuation tokens, the t-th being the root; its drafts are what the head proposes there (the loop's
 drafts: past a wrong draft the chain continues from its own drafts, `run_lengths.SparseChains` running a
 step only where its draft can count; trees from `draft.unroll_trees`, which is exact). For a one-hot rule,
-P(A >= i) of start t is a product of p(draft) along the drafts (speculative/expected.py); each p is read
-from the pass's own row where the drafts so far follow the continuation, else from `branches.BranchCache`
-(the left drafts run as extra query tokens over the cache).
+P(A >= i) of start t is the product along the drafts of the rule's P(accept d_i | d_<i accepted), a function
+of p_i(d_i) (speculative/expected.py `chain_accept`: p_i(d_i) itself except under SGLang's thresholds below 1;
+trees: expected_trees.py); each p is read from the pass's own row where the drafts so far follow the
+continuation, else from `branches.BranchCache` (the left drafts run as extra query tokens over the cache).
 Every num_steps <= max_steps and every tree shape comes from the same drafts and rows.
 
 The acceptance along the continuation itself (what a server reports, EAGLE3.md section 8: under the
 one-hot rules an emitted token equals a draft exactly when that draft was accepted) is the greedy
 profile's prefix match on it: `Profiled.run_lengths` / `tree_runs`, walked by `profile.simulate_cycles`.
+It is the rule's own only where the rule's text is a sample of p (lossless: not SGLang's thresholds below 1,
+for which commands/profile_sampled.py reports the per-context figure alone).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.speculative.branches import BranchCache, KnownNodes, probs_at, shared_nodes
 from eagle_eval.speculative.chain import Speculator
-from eagle_eval.speculative.expected import chain_at_least
+from eagle_eval.speculative.expected import chain_accept, chain_at_least
 from eagle_eval.speculative.profile import Profiled
 from eagle_eval.speculative.run_lengths import SparseChains
 from eagle_eval.speculative.sampling import prompt_generator, target_probs
@@ -174,7 +177,8 @@ def chain_expectations(spec: Speculator, tf: _Pass, k_max: int, max_new: int, de
     draft step only where its draft can count:
     1. on the continuation: the steps of the chains whose drafts so far equal the continuation (teacher-
        forced, the greedy profile's survivors). This gives the run length m and d_1..d_{m+1}, whose p_i(d_i)
-       are the pass's own rows at position p + i (read for every start at once).
+       are the pass's own rows at position p + i (read for every start at once), turned into the rule's
+       acceptance (`expected.chain_accept`).
     2. off it: past the first wrong draft the chain continues from its own drafts (the loop's chain), one
        step per level, and each left draft d_j runs as a branch node over the pass's cache (context: the
        sequence to p + 1 + m, then the chain's earlier branch nodes), read at d_{j+1}; a chain goes on only
@@ -197,7 +201,7 @@ class _Chains:
     truth: torch.Tensor                 # [B, P, K] the continuation at d_i's position p + 1 + i (-1: past it)
     drafts: torch.Tensor                # [B, P, K] d_i (-1: not drafted)
     run: torch.Tensor | None = None     # [B, P] m: leading drafts the continuation holds
-    accept: torch.Tensor | None = None  # [B, P, K] float64 p_i(d_i) (0 where not followed)
+    accept: torch.Tensor | None = None  # [B, P, K] float64 P(accept d_i | d_<i accepted) (0 where not followed)
     prefix: torch.Tensor | None = None  # [B, P] P(A >= i) along the chain so far
     cut: torch.Tensor | None = None     # [B, P] P(A >= i) where the chain was cut below the floor (0 = not)
     alive: torch.Tensor | None = None   # [B, P] followed further off the continuation
@@ -235,8 +239,9 @@ def _draft_on_continuation(chains: _Chains, drafter: SparseChains, embeds: torch
 
 
 def _read_pass(chains: _Chains, tf: _Pass, decoding, floor: float) -> None:
-    """p_i(d_i) of d_1..d_{m+1} from the pass's own rows (position p + i), every start at once; then
-    P(A >= m + 1) (`prefix`) and which chains go on off the continuation (`alive`, `cut`)."""
+    """p_i(d_i) of d_1..d_{m+1} from the pass's own rows (position p + i), every start at once, and the rule's
+    acceptance of each; then P(A >= m + 1) (`prefix`) and which chains go on off the continuation (`alive`,
+    `cut`)."""
     b, max_new, k_max = chains.drafts.shape
     device = chains.drafts.device
     k_idx, i_idx = torch.arange(max_new, device=device), torch.arange(1, k_max + 1, device=device)
@@ -250,8 +255,9 @@ def _read_pass(chains: _Chains, tf: _Pass, decoding, floor: float) -> None:
         from_pass[row] = got[k_idx[:, None] + i_idx[None] - 1, i_idx[None].expand(max_new, -1) - 1]
     run = chains.run
     off = i_idx[None, None] > run[..., None] + 1                                    # p_i off the continuation
-    chains.accept = torch.where(off, torch.zeros_like(from_pass), from_pass)
-    chains.prefix = chain_at_least(torch.where(off, torch.ones_like(from_pass), from_pass)).gather(
+    accept = chain_accept(from_pass, decoding)
+    chains.accept = torch.where(off, torch.zeros_like(accept), accept)
+    chains.prefix = chain_at_least(torch.where(off, torch.ones_like(accept), accept)).gather(
         -1, run[..., None].clamp(max=k_max - 1))[..., 0]                            # P(A >= m + 1)
     more = (run <= k_max - 2) & (chains.prefix > 0)
     chains.alive = more & (chains.prefix >= floor)
@@ -289,8 +295,9 @@ def _follow_off_continuation(chains: _Chains, spec: Speculator, tf: _Pass, draft
                 val[todo] = got[t_bb, slot, ask_slot].double()                        # p_{j+1}(d_{j+1})
                 col[todo] = where[t_bb, slot]
                 known.add(*keys, val[todo], col[todo])
-            chains.accept[bb, kk, j] = val
-            prefix[bb, kk] = prefix[bb, kk] * val
+            accept = chain_accept(val, decoding)
+            chains.accept[bb, kk, j] = accept
+            prefix[bb, kk] = prefix[bb, kk] * accept
             last[bb, kk] = col
             more = (j + 1 <= k_max - 1) & (prefix[bb, kk] > 0)
             cut[bb, kk] = torch.where(more & (prefix[bb, kk] < floor), prefix[bb, kk], cut[bb, kk])
