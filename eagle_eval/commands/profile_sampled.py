@@ -5,7 +5,9 @@ Contract: `profile_prompts_sampled(oracle, prompts, options, continuations)` is 
 when the oracle's decoding samples: the continuations (sampled from the target with each prompt's
 generator, `samples_per_prompt` of them; or the given responses taken as they are, extended by sampling
 past their end), the pass of speculative/profile_sampled.py per batch, the cycles along each continuation
-per num_steps, and the report (results/expectation.py: which quantity each figure is, with intervals).
+per num_steps (only where the rule's realized acceptance is the prefix match along a sample of p,
+`expected.realized_along_samples`: not for sampled drafts, not under SGLang's thresholds below 1), and the
+report (results/expectation.py: which quantity each figure is, with intervals).
 `ProfileResult.per_start` holds the per_start.jsonl rows.
 """
 
@@ -42,13 +44,14 @@ class _Profile:
 
     def __init__(self, oracle, options, seqs, pad: int):
         from eagle_eval.commands.profiled import tree_shapes
-        from eagle_eval.speculative.expected import PROBABILISTIC_RULES
+        from eagle_eval.speculative.expected import PROBABILISTIC_RULES, realized_along_samples
 
         self.oracle, self.options, self.seqs, self.pad = oracle, options, seqs, pad
         self.max_new, self.topk = oracle.settings.workload.max_new_tokens, oracle.resolved.topk
         self.d_main, self.grid = tree_shapes(oracle.resolved, options)
         self.shapes = sorted(set(self.d_main.items()) | set(self.grid)) if self.topk > 1 else None
         self.sampled_drafts = oracle.settings.decoding.accept_rule in PROBABILISTIC_RULES
+        self.realized = realized_along_samples(oracle.settings.decoding)    # the cycles along the texts count
         self.profiled = [None] * len(seqs)
 
     def run(self, progress: bool) -> None:
@@ -96,8 +99,9 @@ class _Profile:
         return prof.simulate_cycles(runs, p.continuation, s, self.max_new, eos, off)
 
     def figures(self, s: int, d: int | None = None) -> tuple[dict, list]:
-        """(by_num_steps section, records) for num_steps s (tree size d): the realized counts (one-hot rules)
-        and `expected`, the three figures of results/expectation.py."""
+        """(by_num_steps section, records) for num_steps s (tree size d): the realized counts and `expected`, the
+        three figures of results/expectation.py, where the prefix match along the texts is the rule's realized
+        acceptance (`self.realized`); else `expected` holds the per-context figure alone."""
         from eagle_eval.commands.profiled import record_of
         from eagle_eval.results.expectation import summarize_expected
         from eagle_eval.results.report import summarize
@@ -105,10 +109,9 @@ class _Profile:
         units, recs = [], []
         for (prompt, sample, _), p in zip(self.seqs, self.profiled):
             unit = {"id": prompt.id, "category": prompt.category, "at_least": self.at_least(p, s, d)}
-            if self.sampled_drafts:
-                if p.expected.variance is not None:
-                    unit["variance"] = p.expected.variance[: len(unit["at_least"]), :s].tolist()
-            else:
+            if p.expected.variance is not None:
+                unit["variance"] = p.expected.variance[: len(unit["at_least"]), :s].tolist()
+            if self.realized:
                 rec = record_of(p, self.simulate(p, s, d))
                 rec.extra["sample"] = sample
                 recs.append(rec)
@@ -165,8 +168,9 @@ class _Profile:
                     "start, no extra target forward); its noise is inside the interval over prompts"),
                 "expectation_floor": None if self.sampled_drafts else floor,
                 "quantities": {**QUANTITIES,
-                               "by_num_steps.summary": "realized along the sampled trajectories (one-hot rules): "
-                                                       "the same counts as the greedy profile's, on these texts"}}
+                               "by_num_steps.summary": "realized along the sampled trajectories (one-hot rules whose "
+                                                       "output is plain sampling from p): the same counts as the "
+                                                       "greedy profile's, on these texts"}}
 
 
 def _profile_shards(oracle, prompts, options, continuations, pad: int, progress: bool) -> _Profile:
@@ -227,10 +231,11 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
         rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, run.d_main[s_run])][0]
         rec.extra["accepted_per_cycle_by_num_steps"] = {s: c[i] for s, c in cycles.items()}
     resolved, notes = workload
-    if dec.accept_rule == "sglang" and (dec.accept_threshold_single < 1 or dec.accept_threshold_acc < 1):
+    if not run.sampled_drafts and not run.realized:
         notes = list(notes) + ["SGLang thresholds below 1 are not lossless: the server's text is not sampled from "
-                               "the target, so the figures along the target's sampled trajectories are not what "
-                               "that server reports (the per-context expectation is exact)"]
+                               "the target, so no acceptance along the target's sampled texts is this rule's; only "
+                               "the per-context expectation is reported (exact per context under the thresholds, "
+                               "over contexts sampled from the target, not from that server)"]
     report = {"schema_version": 1, "config": {**settings.flat(), **options.as_dict(), **r.as_dict(), **resolved},
               "sampling": run.sampling(continuations is not None, cuts), "by_num_steps": by_steps,
               "response_divergences": [], "numeric_divergences": [],
