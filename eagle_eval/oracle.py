@@ -375,6 +375,9 @@ def wire(settings: Settings, loaded: Loaded) -> Oracle:
     from eagle_eval.models.checks.sanity import load_findings
 
     spec_s, target, lh = settings.speculation, loaded.target, loaded.head
+    if spec_s.topk > lh.head.config.draft_vocab_size:      # a draft step proposes its top-k of the draft vocab
+        raise ConfigError(f"--topk {spec_s.topk}: the head {lh.path or '(in memory)'} drafts from "
+                          f"{lh.head.config.draft_vocab_size} tokens, so topk <= {lh.head.config.draft_vocab_size}")
     policy, decoding = _decode_policy(settings, lh)
     num_draft_tokens, notes = resolve_speculative(spec_s.num_steps, spec_s.topk, spec_s.num_draft_tokens)
     notes = list(lh.key_notes) + notes

@@ -278,13 +278,24 @@ class SpeculationSettings(Group):
 
 
 ACCEPT_RULES = ("vllm", "vllm-probabilistic", "sglang", "sglang-rs", "eagle")
+MIN_TEMPERATURE = 1e-6
+
+
+def check_temperature(value: float, option: str) -> None:
+    """0 (greedy) or at least MIN_TEMPERATURE: below it float32 makes p one-hot for any logit gap over 1e-4
+    (exp(-gap / T) underflows: greedy, say 0), and far below (about 1e-36) logits / T overflow."""
+    if value < 0 or 0 < value < MIN_TEMPERATURE:
+        raise ConfigError(f"{option} must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {value!r}: below "
+                          f"{MIN_TEMPERATURE:g} float32 makes the target's p one-hot (greedy: give 0), and far below "
+                          "it logits / T overflow")
 
 
 @dataclass(frozen=True)
 class DecodingSettings(Group):
     """How tokens are chosen: the target's distribution after temperature and filters, and the engine's rule
     for verifying drafts against it (docs/eagle3.md section 8). Temperature 0 is greedy under every rule."""
-    temperature: float = opt(0.0, "Sampling temperature of the target (0 = greedy: argmax, every rule the same).")
+    temperature: float = opt(0.0, "Sampling temperature of the target (0 = greedy: argmax, every rule the same; "
+                             "else >= 1e-6). At 0 the other sampling options are refused: they would change nothing.")
     top_k: int = opt(0, "Keep the k most likely target tokens before sampling (0 = off).")
     top_p: float = opt(1.0, "Keep the smallest set of target tokens whose probability reaches p (1 = off).")
     min_p: float = opt(0.0, "Drop target tokens below min_p times the most likely one's probability (0 = off).")
@@ -298,11 +309,13 @@ class DecodingSettings(Group):
     accept_threshold_acc: float = opt(1.0, "SGLang --speculative-accept-threshold-acc: the coin is compared with "
                                       "cumsum(p) / this.")
     samples_per_prompt: int = opt(1, "profile and ablate at temperature > 0: sampled continuations per prompt.")
-    seed: int = opt(0, "Seed of every random choice (torch.manual_seed at the start; each sample's generator).")
+    seed: int = opt(0, "Seed of every random choice (torch.manual_seed at the start; each sample's generator); "
+                    "0..2^64-1.")
 
     def validate(self):
-        if self.temperature < 0:
-            raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
+        check_temperature(self.temperature, "--temperature")
+        if not 0 <= self.seed < 2 ** 64:
+            raise ConfigError(f"--seed must be in 0..2^64-1 (what torch.manual_seed takes), got {self.seed}")
         at_least(self.top_k, 0, "--top-k")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
@@ -458,7 +471,9 @@ class LoopOptions(Group):
     """`run`: the loop's own options."""
     check_lossless: bool = opt(False, "Also run plain greedy decoding and report the first divergence per prompt; at "
                                "temperature > 0 a distribution check of the output against the target's p (chi-square "
-                               "on rank cells, false-alarm rate 0.001; consistent / differs / undecided).",
+                               "on rank cells, false-alarm rate 0.001; consistent / differs / undecided: undecided when the tokens cannot "
+                               "see a departure of half the sampled mass, differs when the rule is not plain sampling, "
+                               "e.g. SGLang thresholds below 1).",
                                resumable=True)
     batch_size: int = opt(1, "Prompts verified in one target forward, each with its own accepted length (first "
                           "turns; speculative/batched.py); at temperature > 0 each prompt draws from its own stream, "
@@ -492,7 +507,8 @@ class ProfileOptions(Group):
     rollouts: int = opt(0, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: 0 = estimate P(A >= i), "
                         "i >= 2, along the sampled continuation itself (importance-weighted, unbiased, no extra target "
                         "forward); M >= 1 = M draft paths per start drawn from min(p, q) (unbiased, its variance per "
-                        "start reported; M x (max_steps - 1) target tokens per start). --responses needs M >= 1.")
+                        "start reported; M x (max_steps - 1) target tokens per start; M <= --batch-tokens). "
+                        "--responses needs M >= 1. Refused where no draft is sampled (temperature 0, one-hot rules).")
 
     def profile_options(self) -> "ProfileOptions":
         """The ProfileOptions part (an AblateOptions is one too)."""
@@ -502,6 +518,9 @@ class ProfileOptions(Group):
         at_least(self.max_steps, 1, "--max-steps")
         at_least(self.batch_tokens, 1, "--batch-tokens")
         at_least(self.rollouts, 0, "--rollouts")
+        if self.rollouts > self.batch_tokens:
+            raise ConfigError(f"--rollouts {self.rollouts}: each start's rollouts are drafted in one batch, more rows "
+                              f"than --batch-tokens {self.batch_tokens} allows; give at most {self.batch_tokens}")
         if not 0 <= self.expectation_floor < 1:
             raise ConfigError(f"--expectation-floor must be in [0, 1), got {self.expectation_floor}")
         if self.responses is not None and not Path(self.responses).is_file():
@@ -537,7 +556,13 @@ class AblateOptions(ProfileOptions):
         for k in self.topk_grid or ():
             at_least(k, 1, "--topk-grid")
         for t in self.temperature_grid or ():
-            at_least(t, 0, "--temperature-grid")
+            check_temperature(t, "--temperature-grid")
+        for name in ("topk_grid", "draft_tokens_grid", "temperature_grid"):
+            values = getattr(self, name) or ()
+            twice = sorted({v for v in values if values.count(v) > 1})
+            if twice:
+                raise ConfigError(f"--{name.replace('_', '-')} gives {', '.join(map(str, twice))} twice (the same "
+                                  "profile again); give each value once")
 
 
 def parse_setting(name: str, text: str, groups=tuple(GROUPS.values())):
@@ -585,6 +610,14 @@ def read_settings_file(path: str, command: str, own: type[Group] | None) -> dict
     own_fields = {f.name for f in fields(own)} if own else set()
     own_group = own.__name__ if own else None
     flat: dict = {}
+    given: dict[str, str] = {}          # field -> where the file gives it ("key 'x'" or "key 'group.x'")
+
+    def put(name: str, value, where: str) -> None:
+        if name in given:               # flat and grouped both: which one is meant cannot be told
+            raise ConfigError(f"--config {path}: {given[name]} and {where} both set {name}; give it once")
+        given[name] = where
+        flat[name] = _text_value(name, value, own)
+
     for key, value in data.items():
         if key == "command":
             if value != command:
@@ -598,9 +631,9 @@ def read_settings_file(path: str, command: str, own: type[Group] | None) -> dict
                 if k not in allowed:
                     raise ConfigError(f"--config {path}: key '{key}.{k}' is not a setting of group {key!r}"
                                       f"{'' if key in GROUPS else f' ({own_group})'}")
-                flat[k] = _text_value(k, v, own)
+                put(k, v, f"key '{key}.{k}'")
         elif key in FIELD_GROUP or key in own_fields:
-            flat[key] = _text_value(key, value, own)
+            put(key, value, f"key '{key}'")
         else:
             raise ConfigError(f"--config {path}: key {key!r} is not a setting of `eagle-eval {command}`")
     return flat
@@ -620,17 +653,79 @@ def _text_value(name: str, value, own):
 
 
 def _load_yaml_or_json(text: str, path: str):
+    """The file's value; a key given twice in one mapping is an error naming both lines (YAML and JSON
+    readers would keep the last one without a word)."""
     if path.endswith(".json"):
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=lambda pairs: _no_twice(pairs, text, path))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--config {path}: not valid JSON ({exc})") from exc
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_strict_yaml_loader(path))
     except yaml.YAMLError as exc:
         raise ConfigError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+
+
+def _twice(key, places: list[tuple[int, int]], path: str) -> ConfigError:
+    """places: (line, column), 1-based, where the key is written; columns said when two share a line."""
+    lines = [line for line, _ in places]
+    said = [f"line {line}" + (f" column {col}" if lines.count(line) > 1 else "") for line, col in places] or ["?"]
+    return ConfigError(f"--config {path}: key {key!r} is given twice in one mapping "
+                       f"({', '.join(said[:-1])} and {said[-1]}); give it once")
+
+
+def _no_twice(pairs: list, text: str, path: str) -> dict:
+    """json's object_pairs_hook: a dict, or the error of a key given twice (the lines where the key is written)."""
+    keys = [k for k, _ in pairs]
+    twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if twice is None:
+        return dict(pairs)
+    raise _twice(twice, _key_lines(text, twice), path)
+
+
+def _key_lines(text: str, key: str) -> list[tuple[int, int]]:
+    """(line, column) of every place `key` is written as an object key ("key" then ':'), outside other strings."""
+    import re
+
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != '"':
+            i += 1
+            continue
+        j = i + 1
+        while j < len(text) and text[j] != '"':
+            j += 2 if text[j] == "\\" else 1
+        try:
+            is_key = json.loads(text[i:j + 1]) == key and re.compile(r"\s*:").match(text, j + 1)
+        except json.JSONDecodeError:
+            is_key = False
+        if is_key:
+            out.append((text.count("\n", 0, i) + 1, i - text.rfind("\n", 0, i)))
+        i = j + 1
+    return out
+
+
+def _strict_yaml_loader(path: str):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (merge keys `<<` excepted)."""
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, mark = self.construct_object(key_node, deep=True), key_node.start_mark
+                try:
+                    if key in seen:
+                        raise _twice(key, [(m.line + 1, m.column + 1) for m in (seen[key], mark)], path)
+                    seen[key] = mark
+                except TypeError:           # an unhashable key: the safe constructor refuses it itself
+                    continue
+            return super().construct_mapping(node, deep)
+    return Strict
 
 
 def settings_file_text(command: str, settings: Settings, own: Group | None) -> str:

@@ -24,8 +24,10 @@ def _check(oracle, backend, fault=None, rule=None, per_request="detailed", serve
     """server-check of a stand-in; `server`: the stand-in's own oracle (a wiring fault), default the check's."""
     with serve(Engine(server or oracle, backend, fault=fault, per_request=per_request, rule=rule)) as url:
         settings = BASE.with_(accept_rule=rule or backend, **decoding, **({"limit": limit} if limit else {}))
+        sampled_drafts = settings.decoding.accept_rule in ("vllm-probabilistic", "sglang-rs")
         return run_server_check(settings, ServerCheckOptions(backend=backend, url=url, metrics_settle=0, retries=0,
-                                                             rollouts=8), oracle=oracle)
+                                                             **({"rollouts": 8} if sampled_drafts else {})),
+                                oracle=oracle)
 
 
 @pytest.mark.slow

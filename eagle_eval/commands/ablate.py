@@ -10,7 +10,7 @@ current device (`measure_costs`) or given. Its CSV and PNG writers live in `resu
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eagle_eval.commands.folder import open_folder
 from eagle_eval.commands.profile import profile_oracle
@@ -22,6 +22,7 @@ from eagle_eval.results.expectation import section_rates
 from eagle_eval.results.plot import plot_ablation
 from eagle_eval.results.tables import write_rows_csv
 from eagle_eval.settings import FIELD_GROUP, AblateOptions, ConfigError, Settings, parse_setting
+from eagle_eval.speculative.tree import pool_size
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,9 @@ class Costs:
         return self.verify_ratio.get(verify_tokens, 1.0)
 
 
-NOT_AXES = ("output_dir", "resume", "overwrite", "prompts", "dataset", "target", "draft", "seed")
+NOT_AXES = ("output_dir", "resume", "overwrite", "full_fingerprint", "prompts", "dataset", "target", "draft", "seed")
+# the profile's own axes: every num_steps <= --max-steps at once, trees by --topk-grid and --draft-tokens-grid
+GRID_AXES = ("num_steps", "topk", "num_draft_tokens", "eagle_depth", "eagle_top_k", "eagle_total_token")
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -49,6 +52,9 @@ def parse_variant(text: str) -> tuple[str, dict]:
             raise ConfigError(f"--vary {text!r}: expected FIELD=VALUE (e.g. aux_layers=0,3,6 or dtype=bf16)")
         key, value = (s.strip() for s in part.split("=", 1))
         key = key.replace("-", "_")
+        if key in GRID_AXES:
+            raise ConfigError(f"--vary {key!r}: not a variant: every num_steps <= --max-steps is profiled at once, "
+                              "and tree shapes are --topk-grid and --draft-tokens-grid")
         if key not in FIELD_GROUP or key in NOT_AXES:
             raise ConfigError(f"--vary {key!r}: not an ablation axis; use a setting of `run` such as "
                               "aux_layers, aux_convention, dtype, max_new_tokens, draft_embedding, position_offset")
@@ -114,6 +120,7 @@ def ablate(settings: Settings, options: AblateOptions = AblateOptions(), progres
     num_draft_tokens of the grid from one tree expansion); tabulate tau and modelled speedup per
     (num_steps, topk, num_draft_tokens). Server step times, when given, are a second speedup column."""
     named = [("base", {})] + [parse_variant(v) for v in options.vary]       # bad variants fail before any load
+    refuse_idle(settings, options, named)
     folder = open_folder("ablate", settings, options)
     try:
         result = _ablate(settings, options, named, progress)
@@ -123,6 +130,29 @@ def ablate(settings: Settings, options: AblateOptions = AblateOptions(), progres
     finally:
         if folder is not None:
             folder.close()
+
+
+def refuse_idle(settings: Settings, options: AblateOptions, named: list) -> None:
+    """Options and variants that would change no profile of the ablation are refused (commands/effect.py)."""
+    from eagle_eval.commands.effect import refuse_idle_variants, refuse_no_effect, refuse_unfit_grid
+
+    temps = list(options.temperature_grid or [None])
+    if options.temperature_grid and any("temperature" in o for _, o in named):
+        raise ConfigError("--vary temperature=... and --temperature-grid both set the temperature: give one")
+    refuse_idle_variants(settings, named, temps)
+    variants = [settings.with_(**o).decoding for _, o in named]
+    decodings = [d if t is None else replace(d, temperature=t) for d in variants for t in temps]
+    topks = tuple(options.topk_grid or [settings.speculation.topk])
+    refuse_no_effect(decodings, options, topks)
+    refuse_unfit_grid(topks, options)
+    grid = options.draft_tokens_grid or (() if settings.speculation.num_draft_tokens is None
+                                         else (settings.speculation.num_draft_tokens,))
+    for k in (k for k in topks if k > 1 and grid):
+        most = pool_size(options.max_steps, k) + 1
+        if min(grid) > most:
+            raise ConfigError(f"--topk-grid {k}: a tree of topk {k} and num_steps <= --max-steps {options.max_steps} "
+                              f"has at most {most} nodes, fewer than every num_draft_tokens given ({min(grid)} and "
+                              f"up); give one <= {most} or raise --max-steps")
 
 
 def _write_ablation(folder, result: dict) -> None:
@@ -139,7 +169,6 @@ def _write_ablation(folder, result: dict) -> None:
 
 def _ablate(settings: Settings, options: AblateOptions, named: list, progress: bool) -> dict:
     from eagle_eval.results.report import provenance
-    from eagle_eval.speculative.tree import pool_size
 
     base = settings.with_(output_dir=None, resume=False, overwrite=False)
     spec = base.speculation
@@ -218,6 +247,4 @@ def _timing_dict(timing) -> dict | None:
 
 def replace_grid(options: AblateOptions, grid):
     """The profile options of one variant: the ablation's, with the tree grid given (None for a chain)."""
-    from dataclasses import replace
-
     return replace(options.profile_options(), draft_tokens_grid=grid)

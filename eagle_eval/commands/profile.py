@@ -53,6 +53,11 @@ def _read_responses(path: str, prompts: list[Prompt], tokenizer, vocab_size: int
 def profile(settings: Settings, options: ProfileOptions = ProfileOptions(), progress: bool = True,
             oracle: Oracle | None = None) -> ProfileResult:
     """Teacher-forced profile of the settings' workload: exact per-cycle acceptance for every num_steps <= max_steps."""
+    from eagle_eval.commands.effect import refuse_no_effect, refuse_unfit_grid
+
+    topks = (settings.speculation.topk,)
+    refuse_no_effect([settings.decoding], options, topks, responses=options.responses is not None)
+    refuse_unfit_grid(topks, options)
     torch.manual_seed(settings.decoding.seed)
     folder = open_folder("profile", settings, options)
     try:

@@ -71,6 +71,9 @@ CHUNK = 8          # batches of first turns decoded per call of the batched loop
 def evaluate(settings: Settings, options: LoopOptions = LoopOptions(), progress: bool = True,
              oracle: Oracle | None = None) -> RunResult:
     """Run the reference loop over the prompts; with output_dir, write samples.jsonl as it goes."""
+    from eagle_eval.commands.effect import refuse_no_effect
+
+    refuse_no_effect([settings.decoding])
     torch.manual_seed(settings.decoding.seed)
     folder = open_folder("run", settings, options)
     try:

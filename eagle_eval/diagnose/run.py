@@ -135,8 +135,11 @@ def _sweep_report(rows, seq: decide.Sequence, oracle, budget: int) -> dict:
 def diagnose(settings, dcfg: DiagnoseOptions = DiagnoseOptions(), progress: bool = False, oracle=None) -> Diagnosis:
     """Every check on one loaded target + head (see the module docstring); --output-dir is
     owned by this run (results/run_folder.py); `oracle`: one already loaded for `settings` (tests reuse it)."""
+    from eagle_eval.commands.effect import refuse_no_effect
     from eagle_eval.commands.folder import open_folder
 
+    if settings.decoding.greedy:            # (temperature > 0 is refused below: diagnose decodes greedily)
+        refuse_no_effect([settings.decoding])
     folder = open_folder("diagnose", settings, dcfg)
     try:
         return _diagnose(settings, dcfg, folder, progress and parallel.current().is_main, oracle)

@@ -151,9 +151,11 @@ def run_server_check(settings: Settings, check: ServerCheckOptions, oracle=None,
     oracle's decodes are split between the processes; rank 0 alone talks to the server and writes the folder,
     and every rank returns its result. `oracle`: an already loaded `Oracle` for `settings` (saves reloading the
     target in test suites)."""
+    from eagle_eval.commands.effect import refuse_no_effect
     from eagle_eval.commands.folder import open_folder
     from eagle_eval import parallel
 
+    refuse_no_effect([settings.decoding], check)       # --rollouts: sampled drafts at temperature > 0 only
     group = parallel.current()
     folder = open_folder("server-check", settings, check)
     try:

@@ -37,7 +37,8 @@ class ServerCheckOptions(Group):
     sglang_log: str | None = opt(None, "SGLang server log covering this workload: compare its accept len.",
                                  input_path=True)
     rollouts: int = opt(32, "Temperature > 0, sampled drafts (vllm-probabilistic, sglang-rs): draft paths per cycle "
-                        "root for the expected acceptance along the server's answers.")
+                        "root for the expected acceptance along the server's answers (refused where no draft is "
+                        "sampled: temperature 0, one-hot rules).")
     hypotheses: bool = opt(True, "When acceptance disagrees, rank the usual wiring faults by how well each "
                            "reproduces it.", flag="--hypotheses", secondary="--no-hypotheses")
 
