@@ -557,6 +557,61 @@ def test_a_foreign_or_malformed_row_refuses_the_resume_naming_it(tmp_path, finis
     assert "row 2" in line and said in line and "--overwrite" in line
 
 
+# row 2 of the bundled pair at --max-new-tokens 4: output [15, 753, 31, 388], accepted [0, 1], emitted [1, 2];
+# each change below keeps the checks that were there before (lengths add up, 1 <= emitted <= accepted + 1)
+@pytest.mark.parametrize("change, said", [
+    (dict(accepted_per_cycle=[1, 1]), "cycle 1 of 2 accepted 1 drafts but emitted 1 tokens: only the last cycle"),
+    (dict(output_ids=[15, 2, 31, 388]), "holds EOS 2 at token 2 and 2 more after it"),
+    (dict(output_ids=[15, 753, 31], emitted_per_cycle=[1, 1]), "holds 3 tokens, fewer than max_new_tokens 4, and "
+                                                               "does not end in EOS"),
+    (dict(output_ids=[15, 753, 31, 388, 5], accepted_per_cycle=[0, 2], emitted_per_cycle=[1, 3]),
+     "holds 5 tokens, more than max_new_tokens 4"),
+    (dict(spec_accept_length=3.0), "key 'spec_accept_length' is 3.0, its tokens per verify cycle are 2.0"),
+    (dict(lossless=False), "key 'lossless' is False but 'divergence' is null"),
+])
+def test_a_row_whose_counts_contradict_its_tokens_refuses_the_resume(tmp_path, finished_two, change, said):
+    out, res = _resume_with(tmp_path, finished_two, lambda r: [r[0], dict(r[1], **change)])
+    line = _one_error(res)
+    assert "row 2 (id 'glossary-01')" in line and said in line, line
+
+
+@pytest.mark.parametrize("version, said", [(99, "has schema_version 99"), (None, "has no schema_version"),
+                                           ("3", 'has schema_version "3"')])
+def test_an_owner_file_of_an_unknown_schema_refuses_the_resume(tmp_path, finished_two, version, said):
+    out = tmp_path / "run"
+    shutil.copytree(finished_two, out)
+    owner = json.loads((out / "eagle_eval_run.json").read_text())
+    owner["schema_version"] = version
+    (out / "eagle_eval_run.json").write_text(json.dumps(owner))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    line = _one_error(_cli(RUN2 + ["--output-dir", str(out), "--resume"]))
+    assert f"{out / 'eagle_eval_run.json'} {said}" in line and "schema_version 3 only" in line, line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before            # nothing touched
+
+
+def test_a_lower_limit_resumes_the_rows_it_covers_and_keeps_the_others(tmp_path, finished_two):
+    """docs/run.md: --limit may change on --resume. A lower one reports the rows it covers; the finished rows
+    past it are kept aside (never deleted), and a resume with the larger limit takes them back unchanged."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_two, out)
+    rows = (finished_two / "samples.jsonl").read_text().splitlines(keepends=True)
+    lower = _cli(RUN2[:2] + ["1"] + RUN2[3:] + ["--output-dir", str(out), "--resume"])
+    assert lower.exit_code == 0, lower.output
+    assert "1 finished row(s) of prompts past this --limit kept in" in lower.stderr
+    assert (out / "samples.jsonl").read_text() == rows[0] and (out / "samples_beyond_limit.jsonl").read_text() == rows[1]
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["prompts"] == 1 and report["config"]["limit"] == 1
+    owner = json.loads((out / "eagle_eval_run.json").read_text())
+    assert "samples_beyond_limit.jsonl" in owner["files"] and owner["status"] == "finished"
+    again = _cli(RUN2 + ["--output-dir", str(out), "--resume"])
+    assert again.exit_code == 0, again.output
+    assert (out / "samples.jsonl").read_bytes() == (finished_two / "samples.jsonl").read_bytes()
+    assert not (out / "samples_beyond_limit.jsonl").exists()
+    assert "samples_beyond_limit.jsonl" not in json.loads((out / "eagle_eval_run.json").read_text())["files"]
+    assert json.loads((out / "report.json").read_text())["summary"] == \
+        json.loads((finished_two / "report.json").read_text())["summary"]
+
+
 # -- report: every command's results, schema versions, files it cannot read, like with like, findings -----
 
 SMALL = ["--limit", "2", "--max-new-tokens", "4"]

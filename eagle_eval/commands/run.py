@@ -89,7 +89,7 @@ def _evaluate(settings: Settings, options: LoopOptions, folder, progress: bool, 
     oracle.refuse_load_errors()
     workload = checked_workload(oracle)
     agree_on_loaded(oracle, workload.first_prompts)
-    done = group.on_main(lambda: _resumed(folder, workload, settings, oracle.resolved.num_steps)) or []
+    done = group.on_main(lambda: _resumed(folder, workload, settings, oracle)) or []
     new = []
 
     def deliver(prompt, rec):
@@ -131,9 +131,13 @@ def _evaluate(settings: Settings, options: LoopOptions, folder, progress: bool, 
     return RunResult(report=group.broadcast(report), samples=samples)
 
 
-def _resumed(folder, workload, settings: Settings, num_steps: int) -> list[SampleRecord]:
-    """Rank 0: the folder's workload fingerprints recorded, and a resumed run's finished rows."""
+def _resumed(folder, workload, settings: Settings, oracle: Oracle) -> list[SampleRecord]:
+    """Rank 0: the folder's workload fingerprints recorded, and a resumed run's finished rows (each checked
+    against its own counts, the decode's num_steps, max_new_tokens and EOS ids)."""
     if folder is None:
         return []
     folder.record_workload(workload_digests(workload.first_prompts), settings.output.resume)
-    return resumed_rows(folder, workload, num_steps=num_steps) if settings.output.resume else []
+    if not settings.output.resume:
+        return []
+    return resumed_rows(folder, workload, num_steps=oracle.resolved.num_steps,
+                        max_new_tokens=settings.workload.max_new_tokens, eos_ids=oracle.eos_ids)

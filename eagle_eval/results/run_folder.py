@@ -8,7 +8,8 @@ folder; sampled unless `full_fingerprint`, what it covers recorded: results/fing
 inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
 were replaced in place is refused and the same folder spelled with a trailing slash is accepted.
 A folder owned by another command or configuration is refused without touching a byte of it, unless
-resuming (same owner, same fingerprints) or `overwrite` (the old run's files are removed first).
+resuming (same owner, same fingerprints, an owner file of schema OWNER_SCHEMA: another version is refused,
+naming the file and both versions) or `overwrite` (the old run's files are removed first).
 The owner file lists every file the run wrote with the sha256 and size of what it wrote; `--overwrite`
 removes a listed entry only when it is a plain name inside the folder, a regular file (no link), and
 still holds those bytes (`_removable`). Anything else (a name that climbs out or is absolute, a link, a
@@ -192,6 +193,14 @@ class RunFolder:
         size = (self.owner["files"].get(name) or {}).get("size", 0) + len(line)
         self._record(name, {"sha256": h.hexdigest(), "size": size})
 
+    def remove(self, name: str) -> None:
+        """Remove a file this run wrote there; its entry leaves the owner file."""
+        with _os_errors(f"--output-dir {self.path}: cannot remove {name}"):
+            (self.path / name).unlink(missing_ok=True)
+        self._appending.pop(name, None)
+        self.owner["files"].pop(name, None)
+        self._save()
+
     def record_workload(self, digests: dict[str, str], resume: bool) -> None:
         """{prompt id: sha256 of its token ids}: known only after loading; on resume every id already
         recorded must have the same tokens (same files, same tokenization and template)."""
@@ -360,6 +369,12 @@ def _check(folder: Path, command: str, config: dict, inputs: dict, resume: bool,
         if resume:
             raise RunFolderError(f"--resume: {folder} holds no run (nothing to resume)")
         return None
+    if resume and owner.get("schema_version") != OWNER_SCHEMA:
+        version = owner.get("schema_version")
+        said = "has no schema_version" if version is None else f"has schema_version {json.dumps(version)[:20]}"
+        raise RunFolderError(f"--resume: {folder / OWNER_FILE} {said}; this eagle-eval resumes owner files of "
+                             f"schema_version {OWNER_SCHEMA} only (resume it with the eagle-eval that wrote it, or "
+                             "choose another --output-dir)")
     diff = _differences(owner, command, config, inputs, ignore)
     if resume and diff:
         raise RunFolderError(f"--resume: {folder} belongs to another run: " + "; ".join(diff))
