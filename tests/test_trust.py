@@ -676,6 +676,28 @@ def test_report_refuses_an_unknown_schema_version_naming_the_known_one(saved, tm
     assert str(file) in line and f"of schema_version {SCHEMAS[kind]} only" in line
 
 
+@pytest.mark.parametrize("kind, edit, said", [
+    ("run", lambda d: d["config"].update(num_steps=5), "config.num_steps is 5 but its table (histogram and "
+                                                       "per_position) covers num_steps 2"),
+    ("server_check", lambda d: d["config"].update(num_steps=1), "config.num_steps is 1 but its table"),
+    ("profile", lambda d: d["config"].update(max_steps=5), "config.max_steps is 5 but 'by_num_steps' holds "
+                                                           "num_steps 1, 2, 3"),
+    ("profile", lambda d: d["by_num_steps"].pop("3"), "config.max_steps is 3 but 'by_num_steps' holds num_steps 1, 2"),
+    ("ablation", lambda d: d["config"].update(max_steps=1), "config.max_steps is 1 but 'variants[0].by_num_steps'"),
+])
+def test_report_refuses_a_header_that_disagrees_with_its_table(saved, tmp_path, kind, edit, said):
+    """The terminal table prints num_steps from the config and the rows from the counts: a file where they
+    disagree is refused naming the file and both values, never rendered."""
+    from eagle_eval.results.saved import FILES
+
+    file = tmp_path / FILES[kind]
+    data = json.loads((saved[kind] / FILES[kind]).read_text())
+    edit(data)
+    file.write_text(json.dumps(data))
+    line = _one_error(_cli(["report", str(file)]))
+    assert str(file) in line and said in line and "contradicts itself" in line, line
+
+
 def test_report_on_files_it_cannot_read_is_one_line(tmp_path, saved):
     (tmp_path / "latin1.json").write_bytes('{"a": "\xe9"}'.encode("latin-1"))
     (tmp_path / "afile").write_text("x")

@@ -3,13 +3,14 @@
 Contract: `read_result(path)` takes a results file or the output folder of any command and returns a
 `Result` of one of these kinds, refusing, in one line naming the file, what it cannot trust: a file that
 is missing, unreadable, not UTF-8 JSON, under a file, of an unknown schema version (the known one is
-named), or whose numbers do not follow from its own counts.
+named), whose numbers do not follow from its own counts, or whose header contradicts its table (the
+num_steps or max_steps its config says against the ones its counts cover: both values named).
 
 | kind         | command        | file               | schema | checked against its counts |
 |--------------|----------------|--------------------|--------|----------------------------|
-| run          | `run`          | report.json        | 1      | summary / per_position of every group from its histogram; groups add up |
-| profile      | `profile`      | profile.json       | 1      | each num_steps (and num_draft_tokens) section from its histogram |
-| ablation     | `ablate`       | ablation.json      | 1      | each variant's sections; every row's tau from its section |
+| run          | `run`          | report.json        | 1      | summary / per_position of every group from its histogram; groups add up; config.num_steps = the histogram's |
+| profile      | `profile`      | profile.json       | 1      | each num_steps (and num_draft_tokens) section from its histogram; sections 1..config.max_steps |
+| ablation     | `ablate`       | ablation.json      | 1      | each variant's sections (within 1..config.max_steps); every row's tau from its section |
 | diagnosis    | `diagnose`     | diagnosis.json     | 2      | every finding well formed; exit_status from the findings |
 | server_check | `server-check` | server_check.json  | 1      | the oracle's counts as for a run; exit_status from the verdict |
 
@@ -169,6 +170,29 @@ def check_counts(report: dict, path) -> None:
             raise ResultFileError(f"{path}: the '{key}' histograms add up to {total}, not to the whole {whole.histogram}")
 
 
+def _check_run(report: dict, path) -> None:
+    """check_counts, and the num_steps the report's header says is the one its table covers."""
+    check_counts(report, path)
+    said = (report.get("config") or {}).get("num_steps")
+    covered = len(report["histogram"]) - 1
+    if said != covered:
+        raise ResultFileError(f"{path}: config.num_steps is {json.dumps(said)[:20]} but its table (histogram and "
+                              f"per_position) covers num_steps {covered}: the report contradicts itself")
+
+
+def _steps_cover(by_steps: dict, max_steps, path, where: str, every: bool = True) -> None:
+    """A profile's sections are num_steps 1..max_steps, as its config says (`every`: all of them; an
+    ablation's tree sections hold those a num_draft_tokens fits)."""
+    if max_steps is None:
+        return
+    keys = sorted(int(s) for s in by_steps)
+    fits = isinstance(max_steps, int) and not isinstance(max_steps, bool) and (
+        keys == list(range(1, max_steps + 1)) if every else set(keys) <= set(range(1, max_steps + 1)))
+    if not fits:
+        raise ResultFileError(f"{path}: config.max_steps is {json.dumps(max_steps)[:20]} but '{where}' holds "
+                              f"num_steps {', '.join(map(str, keys))}: the report contradicts itself")
+
+
 def _sections(by_steps, path, where: str) -> None:
     if not isinstance(by_steps, dict) or not by_steps or not all(str(k).isdigit() for k in by_steps):
         raise ResultFileError(f"{path}: '{where}' must map each num_steps (\"1\", \"2\", ...) to its counts")
@@ -180,6 +204,7 @@ def _sections(by_steps, path, where: str) -> None:
 
 def _check_profile(report: dict, path) -> None:
     _sections(report["by_num_steps"], path, "by_num_steps")
+    _steps_cover(report["by_num_steps"], (report.get("config") or {}).get("max_steps"), path, "by_num_steps")
     for d, by_steps in (report.get("by_num_draft_tokens") or {}).items():
         _sections(by_steps, path, f"by_num_draft_tokens[{d}]")
 
@@ -193,6 +218,8 @@ def _check_ablation(report: dict, path) -> None:
         if not isinstance(v, dict) or "variant" not in v or "by_num_steps" not in v:
             raise ResultFileError(f"{path}: variants[{i}]: 'variant' and 'by_num_steps' expected")
         _sections(v["by_num_steps"], path, f"variants[{i}].by_num_steps")
+        _steps_cover(v["by_num_steps"], (report.get("config") or {}).get("max_steps"), path,
+                     f"variants[{i}].by_num_steps", every=False)
         taus.update({(v["variant"], int(s)): b["summary"]["accept_length"] for s, b in v["by_num_steps"].items()})
     for i, r in enumerate(rows):
         key = (r.get("variant"), r.get("num_steps")) if isinstance(r, dict) else None
@@ -245,7 +272,7 @@ def _status(report: dict, kind: str, findings: list[Finding], path) -> int:
     return status
 
 
-CHECKS = {"run": check_counts, "server_check": check_counts, "profile": _check_profile,
+CHECKS = {"run": _check_run, "server_check": _check_run, "profile": _check_profile,
           "ablation": _check_ablation, "diagnosis": lambda report, path: None}
 
 
