@@ -123,3 +123,80 @@ def test_verdicts_never_say_lossless():
     # counts merge exactly: the pooled verdict is the same whatever the split
     a, b = _sample_counts(g, 500), _sample_counts(g, 700)
     assert judge(a.merge(b))["statistic"] == judge(CellCounts.from_dict(a.merge(b).as_dict()))["statistic"]
+
+
+# -- power: the departure the settings imply (m / 2 in total variation, m the sampled mass) ---------------
+
+NEAR_ONE_HOT = [0.97, 0.01, 0.008, 0.006, 0.004, 0.002]     # p at every position: sampled mass m = 0.03
+
+
+def _near_one_hot(tokens: list[int]) -> CellCounts:
+    return counts_of(torch.tensor([NEAR_ONE_HOT] * len(tokens), dtype=torch.float64), tokens)
+
+
+def _faithful(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.multinomial(torch.tensor(NEAR_ONE_HOT, dtype=torch.float64), n, replacement=True, generator=g).tolist()
+
+
+def test_a_greedy_loop_at_near_one_hot_p_is_not_called_consistent():
+    """250 tokens all at rank 1 where p gives rank 1 0.97: S = 7.5^2 / 242.5 + 7.5^2 / 7.5 = 7.73 on 1 df
+    (p = 0.005, not below alpha), and they detect Cohen's w = sqrt(17.07 / 250) = 0.26 <= 0.3, which alone used
+    to say "consistent". A loop that never samples departs by m = 0.03; the tokens detect only
+    sqrt(17.07 * 0.97 * 0.03 / 250) = 0.0446 in total variation, more than m / 2 = 0.015: undecided."""
+    got = judge(_near_one_hot([0] * 250))
+    assert got["df"] == 1 and abs(got["statistic"] - (7.5 ** 2 / 242.5 + 7.5)) < 1e-9 and got["p_value"] > ALPHA
+    assert got["detectable_w"] <= 0.3                              # the medium deviation alone was satisfied
+    assert got["sampled_mass"] == pytest.approx(0.03) and got["departure_to_detect"] == pytest.approx(0.015)
+    assert got["detectable_tv"] == pytest.approx(math.sqrt(17.0746468 * 0.97 * 0.03 / 250), rel=1e-6)
+    assert got["verdict"] == "undecided"
+    assert "the settings imply 0.015" in got["reason"] and "a loop halfway to greedy" in got["reason"]
+    need = math.ceil(17.0746468 * 0.97 * 0.03 / 0.015 ** 2)          # 250 (0.0446 / 0.015)^2 = 2,209 tokens
+    assert need == 2209 and "about 2,209 tokens would see it" in got["reason"]
+
+
+def test_enough_tokens_of_a_faithful_sampler_pass_and_of_a_greedy_loop_fail():
+    """Past the tokens the departure needs (about 2,209 here), a faithful sampler is consistent and the
+    greedy loop differs; a tiny faithful sample is undecided."""
+    faithful = judge(_near_one_hot(_faithful(4000, seed=5)))
+    assert faithful["verdict"] == "consistent", faithful
+    assert faithful["detectable_tv"] <= faithful["departure_to_detect"]
+    assert judge(_near_one_hot([0] * 4000))["verdict"] == "differs"
+    tiny = judge(_near_one_hot(_faithful(300, seed=6)))
+    assert tiny["verdict"] == "undecided" and "total variation" in tiny["reason"]
+
+
+def test_detectable_tv_is_the_least_detectable_departure_of_that_size():
+    """The two-cell Pearson case by hand: pi = (0.6, 0.4), a departure of total variation d moves d from one cell
+    to the other, noncentrality n d^2 (1/0.6 + 1/0.4); at d = detectable_tv it is the power's noncentrality."""
+    from eagle_eval.results.distribution import detectable_tv, noncentrality_for_power
+
+    n, tv = 500, detectable_tv(500, [0.6, 0.4], 1)
+    assert n * tv ** 2 * (1 / 0.6 + 1 / 0.4) == pytest.approx(noncentrality_for_power(1))
+    # more cells: the least detectable split is the one nearest half and half (v = max pi(G) (1 - pi(G)))
+    assert detectable_tv(500, [0.5, 0.3, 0.2], 2) == pytest.approx(math.sqrt(noncentrality_for_power(2) * 0.25 / 500))
+    assert detectable_tv(500, [0.9, 0.06, 0.04], 2) == pytest.approx(math.sqrt(noncentrality_for_power(2) * 0.09 / 500))
+
+
+def test_a_rule_that_is_not_plain_sampling_by_construction_differs_whatever_the_counts():
+    """SGLang's thresholds below 1: the run's own report says its output is not plain sampling; the check says so
+    and fails, even on counts a faithful sampler gives (no count could make it plain sampling)."""
+    from eagle_eval.settings import DecodingSettings
+    from eagle_eval.speculative.rules import describe, not_plain_sampling
+
+    biased = DecodingSettings(temperature=1.0, accept_rule="sglang", accept_threshold_single=0.5)
+    why = not_plain_sampling(biased)
+    assert "thresholds single 0.5, acc 1" in why and "not plain sampling from p by construction" in why
+    assert describe(biased)["output"].startswith("biased by thresholds below 1")
+    assert not_plain_sampling(DecodingSettings(temperature=1.0, accept_rule="sglang")) is None
+    assert not_plain_sampling(DecodingSettings(accept_rule="sglang", accept_threshold_acc=0.5)) is None  # greedy
+    counts = _near_one_hot(_faithful(4000, seed=5))
+    assert judge(counts)["verdict"] == "consistent"
+    counts.not_plain = why
+    got = judge(counts)
+    assert got["verdict"] == "differs" and got["reason"] == why and got["not_plain"] == why
+    # it survives pooling over samples and the round trip through samples.jsonl; older rows read as plain
+    pooled = CellCounts.from_dict(CellCounts().merge(counts).as_dict())
+    assert judge(pooled)["verdict"] == "differs"
+    old_row = {k: v for k, v in counts.as_dict().items() if k != "not_plain"}
+    assert CellCounts.from_dict(old_row).not_plain is None

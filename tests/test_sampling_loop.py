@@ -138,6 +138,22 @@ def test_too_few_tokens_are_undecided_with_exit_3(pair, tmp_path):
     assert "undecided" in res.output
 
 
+@pytest.mark.parametrize("thresholds", [["--accept-threshold-single", "0.5"], ["--accept-threshold-acc", "0.9"]])
+def test_thresholds_below_one_fail_the_check_by_construction_with_exit_1(pair, tmp_path, thresholds):
+    """Too few tokens for the statistic to see anything (8 tokens a prompt): the check still fails, because
+    the run's own report says the rule is not plain sampling; never "consistent", never "undecided"."""
+    res = CliRunner().invoke(main, ["run", "--target", str(pair["target"]), "--draft", str(pair["head"]),
+                                    "--prompts", str(pair["prompts"]), "--temperature", "1", "--limit", "2",
+                                    "--accept-rule", "sglang", *thresholds, "--check-lossless",
+                                    "--max-new-tokens", "8", "--output-dir", str(tmp_path / "o")])
+    assert res.exit_code == 1, res.output
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    check = report["summary"]["distribution_check"]
+    assert check["verdict"] == "differs" and "not plain sampling from p by construction" in check["reason"]
+    assert report["summary"]["lossless"] is False and "not plain sampling" in report["config"]["decoding"]["output"]
+    assert "differs" in res.output and "not plain sampling from p by construction" in res.output
+
+
 def _run(pair, out: Path, seed: int, rule: str = "eagle", topk: int = 2) -> Path:
     s = Settings.of(target=str(pair["target"]), draft=str(pair["head"]), prompts=str(pair["prompts"]),
                     max_new_tokens=16, num_steps=3, topk=topk, num_draft_tokens=5 if topk > 1 else None,

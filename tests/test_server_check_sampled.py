@@ -33,7 +33,10 @@ def _check(oracle, backend, fault=None, rule=None, per_request="detailed", serve
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_a_faithful_sampling_server_agrees(oracle, backend):
-    result = _check(oracle, backend, temperature=0.9, top_p=0.95)
+    """At T = 2 (top-p 0.95) the bundled target's p is spread (sampled mass 0.35): its 8 x 48 tokens are enough
+    for the distribution check to see a server halfway to greedy. At T = 0.9 it is nearly one-hot (0.02), and
+    the same tokens are undecided (results/distribution.py: the departure the settings imply)."""
+    result = _check(oracle, backend, temperature=2.0, top_p=0.95)
     r = result.report
     assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)
     assert r["plausibility"]["verdict"] == "consistent"
@@ -63,7 +66,7 @@ def test_a_residual_that_keeps_the_rejected_draft_is_caught_per_request(oracle):
 
 @pytest.mark.slow
 def test_a_rule_with_sampled_drafts_without_per_step_counts_checks_only_the_distribution(oracle):
-    result = _check(oracle, "vllm", rule="vllm-probabilistic", per_request="summary", temperature=0.9)
+    result = _check(oracle, "vllm", rule="vllm-probabilistic", per_request="summary", temperature=2.0)
     r = result.report
     assert not r["sampling"]["exact_per_request"] and r["plausibility"]["verdict"] == "consistent"
     assert r["expectation"] is None
@@ -78,7 +81,8 @@ def test_sampled_drafts_a_wiring_fault_is_caught_by_the_expected_acceptance_alon
     wrong = oracle.with_(aux_layers=(0, 1, 2))
     bad = _check(oracle, "vllm", rule="vllm-probabilistic", server=wrong, limit=12, temperature=0.9)
     r = bad.report
-    assert r["plausibility"]["verdict"] == "consistent" and r["expectation"]["verdict"] == "differs"
+    # its tokens are samples of the target; at T = 0.9 (sampled mass 0.02) too few to be called consistent
+    assert r["plausibility"]["verdict"] == "undecided" and r["expectation"]["verdict"] == "differs"
     assert bad.exit_status == 1 and r["expectation"]["z"] < -3.29
     assert any(x.startswith("the server's acceptance is not what a faithful engine gives") for x in r["reasons"])
     good = _check(oracle, "vllm", rule="vllm-probabilistic", limit=12, temperature=0.9)
@@ -92,7 +96,10 @@ def test_one_hot_rules_the_expected_acceptance_agrees_with_the_exact_counts(orac
     """Under vLLM's default rule a faithful server's counts are exact per request, and their sum lies where the
     expectation along its answers says; the wiring fault is far outside it."""
     good = _check(oracle, "vllm", temperature=0.9)
-    assert good.exit_status == 0 and good.report["expectation"]["verdict"] == "consistent"
+    assert good.report["expectation"]["verdict"] == "consistent" and good.report["verdict"] == "undecided"
+    # undecided only because 8 x 48 tokens at T = 0.9 are too few for the distribution check's power
+    assert [x.startswith("too few tokens to tell whether the server's tokens are samples") for x in
+            good.report["reasons"]] == [True]
     bad = _check(oracle, "vllm", server=oracle.with_(aux_layers=(0, 1, 2)), temperature=0.9)
     assert bad.exit_status == 1 and bad.report["expectation"]["z"] < -10
     first = bad.report["expectation"]["per_position"][0]          # the shortfall starts at the first draft

@@ -16,10 +16,22 @@ under-emits the drafted tokens, which are mostly the target's top ranks. A token
 sample at all and decides alone, unless it lies at a filter's edge (speculative/lossless.py `relaxed`), where
 the loop's own forward may have rounded it inside: those are counted apart and do not decide.
 
+The departure the settings imply. With pi-bar = E / n the mean cell probabilities, the sampled mass
+m = 1 - pi-bar(rank 1) is how far the settings' p is from greedy decoding on average (the total variation
+between p_t and the one-hot at its argmax, averaged; 0 at temperature 0). The departure the check must be able
+to see is DEPARTURE_SHARE m = m / 2 in total variation on the (merged) cells: a loop halfway to greedy
+(emitting (p + one-hot) / 2) departs by exactly that. Its least detectable form moves mass in proportion to
+pi-bar from a set of cells G to the rest, with noncentrality n delta^2 / (pi-bar(G) (1 - pi-bar(G))) (Pearson;
+the martingale statistic's is at least that), so the tokens detect every departure of total variation
+    detectable_tv = sqrt(lam v / n),   v = max over G of pi-bar(G) (1 - pi-bar(G)) <= 1/4,
+with probability POWER at ALPHA (lam: `noncentrality_for_power` at the cells' df).
+
 Verdicts (never "lossless": a test cannot prove equality):
-- differs: a token outside the support, or S's p-value below ALPHA (the false-alarm rate);
-- consistent: no difference at ALPHA, and the tokens are enough to detect a medium deviation (Cohen's w =
-  W_MEDIUM, i.e. noncentrality n w^2) with probability POWER;
+- differs: the rule is not plain sampling by construction (`not_plain`: SGLang's thresholds below 1, whatever
+  the counts), a token outside the support, or S's p-value below ALPHA (the false-alarm rate);
+- consistent: no difference at ALPHA, and the tokens are enough to detect, with probability POWER, both a
+  medium deviation (Cohen's w = W_MEDIUM, i.e. noncentrality n w^2) and every departure of the size the settings
+  imply (detectable_tv <= m / 2);
 - undecided: fewer than two cells after merging, or too few tokens for that power.
 Counts add up exactly over prompts and samples (`CellCounts.merge`); rates and verdicts come at report time.
 """
@@ -35,11 +47,15 @@ ALPHA = 1e-3
 MIN_EXPECTED = 5.0
 W_MEDIUM = 0.3          # Cohen's "medium" effect size w (Cohen 1988, ch. 7)
 POWER = 0.8
+DEPARTURE_SHARE = 0.5   # the departure to detect: this share of the sampled mass (a loop halfway to greedy)
 DEFINITION = ("tokens grouped by their rank under the target's processed p at their position (cells rank 1, 2, 3, "
               "4, 5-8, 9-16, 17+, merged until each expects >= 5); S = (O - E)' C^-1 (O - E) with E and C the sums of "
               "each position's cell probabilities and multinomial covariances, chi-square with cells - 1 df under "
-              f"'the loop is plain sampling from p'; differs when p < {ALPHA:g} or a token has p = 0; undecided "
-              f"when too few tokens to detect Cohen's w = {W_MEDIUM} with power {POWER}")
+              f"'the loop is plain sampling from p'; differs when the rule is not plain sampling by construction, "
+              f"p < {ALPHA:g} or a token has p = 0; undecided when too few tokens to detect, with power {POWER}, "
+              f"Cohen's w = {W_MEDIUM} and every departure of total variation {DEPARTURE_SHARE:g} x the sampled mass "
+              "m = 1 - mean p_t(rank 1) on the cells (detectable_tv = sqrt(lam v / n), v = max over cell sets G of "
+              "pi(G) (1 - pi(G)))")
 
 
 @dataclass
@@ -49,6 +65,7 @@ class CellCounts:
     covariance: list[list[float]] = field(default_factory=lambda: [[0.0] * len(RANK_CELLS) for _ in RANK_CELLS])
     tokens: int = 0
     outside_support: list[dict] = field(default_factory=list)    # {"position", "token", "at_filter_edge"}: p = 0
+    not_plain: str | None = None       # why the rule is not plain sampling by construction (rules.not_plain_sampling)
 
     def add(self, cell: int, pi: list[float]) -> None:
         """One token in `cell` at a position whose cell probabilities are `pi` [K]."""
@@ -64,7 +81,8 @@ class CellCounts:
         return CellCounts([self.observed[i] + other.observed[i] for i in k],
                           [self.expected[i] + other.expected[i] for i in k],
                           [[self.covariance[i][j] + other.covariance[i][j] for j in k] for i in k],
-                          self.tokens + other.tokens, self.outside_support + other.outside_support)
+                          self.tokens + other.tokens, self.outside_support + other.outside_support,
+                          self.not_plain or other.not_plain)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -203,12 +221,32 @@ def detectable_w(tokens: int, df: int, alpha: float = ALPHA, power: float = POWE
     return math.sqrt(noncentrality_for_power(df, alpha, power) / tokens)
 
 
+def detectable_tv(tokens: int, cell_probs: list[float], df: int, alpha: float = ALPHA,
+                  power: float = POWER) -> float | None:
+    """The total variation on these cells (mean probabilities `cell_probs`) that `tokens` detect with
+    probability `power` at `alpha` in its least detectable form: sqrt(lam v / n), v = max over cell sets G of
+    pi(G) (1 - pi(G)) (module docstring).
+
+    >>> round(detectable_tv(400, [0.5, 0.5], 1), 4) == round((noncentrality_for_power(1) * 0.25 / 400) ** 0.5, 4)
+    True
+    """
+    if tokens <= 0 or df < 1:
+        return None
+    k = len(cell_probs)
+    v = max(g * (1 - g) for g in (sum(p for i, p in enumerate(cell_probs) if mask >> i & 1)
+                                  for mask in range(1 << (k - 1))))      # each split once (the last cell stays out)
+    return math.sqrt(noncentrality_for_power(df, alpha, power) * v / tokens)
+
+
 def judge(counts: CellCounts, alpha: float = ALPHA) -> dict:
-    """The verdict of `counts` (module docstring) with its statistic, p-value and detectable effect."""
+    """The verdict of `counts` (module docstring) with its statistic, p-value and detectable effects."""
     edge = [o for o in counts.outside_support if o.get("at_filter_edge")]
     decisive = [o for o in counts.outside_support if not o.get("at_filter_edge")]
+    mass = 1 - counts.expected[0] / counts.tokens if counts.tokens else None
     out = {"verdict": "undecided", "tokens": counts.tokens, "alpha": alpha, "statistic": None, "df": 0,
-           "p_value": None, "detectable_w": None, "outside_support": len(decisive),
+           "p_value": None, "detectable_w": None, "sampled_mass": mass,
+           "departure_to_detect": None if mass is None else DEPARTURE_SHARE * mass, "detectable_tv": None,
+           "not_plain": counts.not_plain, "outside_support": len(decisive),
            "outside_support_first": decisive[:5], "at_filter_edge": len(edge), "at_filter_edge_first": edge[:5],
            "cells": [], "definition": DEFINITION}
     groups = merged_groups(counts.expected)
@@ -217,27 +255,43 @@ def judge(counts: CellCounts, alpha: float = ALPHA) -> dict:
     out["cells"] = [{"ranks": _ranks(g), "observed": o, "expected": e} for g, o, e in zip(groups, observed, expected)]
     if decisive:
         out["verdict"] = "differs"
+    if counts.not_plain:                # decided by the rule itself: no count can make it plain sampling
+        out.update(verdict="differs", reason=counts.not_plain)
     if len(groups) < 2:
-        out["reason"] = "fewer than two cells expect 5 tokens"
+        out.setdefault("reason", "fewer than two cells expect 5 tokens")
         return out
     cov = [[sum(counts.covariance[i][j] for i in gi for j in gj) for gj in groups[:-1]] for gi in groups[:-1]]
     diff = [o - e for o, e in zip(observed[:-1], expected[:-1])]
     x = _solve(cov, diff)
     if x is None:
-        out["reason"] = "the cells' covariance is singular (the tokens' cells are fixed by p)"
+        out.setdefault("reason", "the cells' covariance is singular (the tokens' cells are fixed by p)")
         return out
     df = len(groups) - 1
     stat = sum(d * v for d, v in zip(diff, x))
-    out.update(statistic=stat, df=df, p_value=chi2_sf(stat, df), detectable_w=detectable_w(counts.tokens, df, alpha))
+    tv = detectable_tv(counts.tokens, [e / counts.tokens for e in expected], df, alpha)
+    out.update(statistic=stat, df=df, p_value=chi2_sf(stat, df), detectable_w=detectable_w(counts.tokens, df, alpha),
+               detectable_tv=tv)
     if out["p_value"] < alpha:
         out["verdict"] = "differs"
     elif out["verdict"] != "differs":
-        enough = out["detectable_w"] <= W_MEDIUM
-        out["verdict"] = "consistent" if enough else "undecided"
-        if not enough:
-            out["reason"] = (f"{counts.tokens} tokens detect only Cohen's w >= {out['detectable_w']:.3f} with power "
-                             f"{POWER} (a medium deviation, w = {W_MEDIUM}, needs more)")
+        short = []
+        if out["detectable_w"] > W_MEDIUM:
+            short.append(f"Cohen's w >= {out['detectable_w']:.3f} (a medium deviation, w = {W_MEDIUM}, needs more)")
+        if tv > out["departure_to_detect"]:
+            short.append(f"departures of total variation >= {tv:.3g} on the cells, and the settings imply "
+                         f"{out['departure_to_detect']:.3g} ({DEPARTURE_SHARE:g} x the sampled mass {mass:.3g}: a "
+                         f"loop halfway to greedy; {_tokens_for(tv, out['departure_to_detect'], counts.tokens)})")
+        out["verdict"] = "undecided" if short else "consistent"
+        if short:
+            out["reason"] = f"{counts.tokens} tokens detect with power {POWER} only " + "; and only ".join(short)
     return out
+
+
+def _tokens_for(tv: float, target: float, tokens: int) -> str:
+    """How many tokens bring detectable_tv down to `target` (it falls as 1 / sqrt(n), the cells kept)."""
+    if target <= 0:
+        return "p is one-hot: no number of tokens can see it"
+    return f"about {math.ceil(tokens * (tv / target) ** 2):,} tokens would see it"
 
 
 def _ranks(group: list[int]) -> str:

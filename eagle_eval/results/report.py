@@ -261,10 +261,11 @@ def _lossless_line(s: dict) -> str:
                 f" ({s['lossless_checked']} checked)")
     stat = (f"S = {d['statistic']:.2f}, df {d['df']}, p = {d['p_value']:.3g}" if d["statistic"] is not None
             else d.get("reason", "no statistic"))
+    why = d.get("reason") if d["statistic"] is not None and d["verdict"] != "consistent" else None
     return (f"distribution vs plain sampling (rank cells)          {d['verdict']} ({stat}; {d['tokens']} tokens, "
             f"alpha {d['alpha']:g}" + (f", {d['outside_support']} outside the support" if d["outside_support"] else "")
             + (f", {d['at_filter_edge']} at a filter's edge (not decisive)" if d.get("at_filter_edge") else "")
-            + ")")
+            + ")" + (f"\n    {why}" if why else ""))
 
 
 def render_table(report: dict) -> str:

@@ -61,11 +61,16 @@ def counts_of(probs: torch.Tensor, tokens: list[int], loose: torch.Tensor | None
 
 @torch.no_grad()
 def cell_counts(target: Target, decoding, prompt_ids: list[int], output_ids: list[int]) -> CellCounts:
-    """The rank-cell counts of one decode's output against p_t from one teacher-forced forward."""
+    """The rank-cell counts of one decode's output against p_t from one teacher-forced forward; `not_plain`
+    says why, when the rule is not plain sampling by construction (the check then fails whatever it counts)."""
+    from eagle_eval.speculative.rules import not_plain_sampling
+
     if not output_ids:
-        return CellCounts()
+        return CellCounts(not_plain=not_plain_sampling(decoding))
     ids = torch.tensor([prompt_ids + output_ids[:-1]], device=target.input_device)
     logits = target.forward(ids, None)[0, len(prompt_ids) - 1:]                           # [n, V]
     from eagle_eval.speculative.sampling import target_probs
 
-    return counts_of(target_probs(logits, decoding), output_ids, target_probs(logits, relaxed(decoding)))
+    out = counts_of(target_probs(logits, decoding), output_ids, target_probs(logits, relaxed(decoding)))
+    out.not_plain = not_plain_sampling(decoding)
+    return out

@@ -261,6 +261,16 @@ def policy_for(decoding: DecodingSettings, topk: int = 1, head_name: str = "the 
     return RULES[rule](decoding)
 
 
+def not_plain_sampling(decoding: DecodingSettings) -> str | None:
+    """Why the rule's output is not plain sampling from p by construction, in words (None when it is):
+    SGLang's thresholds below 1 accept drafts more often than p says (as SGLang does)."""
+    single, acc = decoding.accept_threshold_single, decoding.accept_threshold_acc
+    if decoding.greedy or decoding.accept_rule != "sglang" or (single, acc) == (1.0, 1.0):
+        return None
+    return (f"--accept-rule sglang with thresholds single {single:g}, acc {acc:g} (below 1) accepts drafts beyond "
+            "what p gives them, as SGLang does: its output is not plain sampling from p by construction")
+
+
 def describe(decoding: DecodingSettings, topk: int = 1) -> dict:
     """What a report echoes of the decode policy: the settings, the rule's filter order, its drafts, whether the
     output is plain sampling, and the seeding convention."""
@@ -270,7 +280,7 @@ def describe(decoding: DecodingSettings, topk: int = 1) -> dict:
     sampled = rule in ("vllm-probabilistic", "sglang-rs")
     thresholds = {"single": decoding.accept_threshold_single, "acc": decoding.accept_threshold_acc} \
         if rule == "sglang" else None
-    biased = thresholds is not None and (thresholds["single"], thresholds["acc"]) != (1.0, 1.0)
+    biased = not_plain_sampling(decoding) is not None
     return {
         "rule": rule, "temperature": decoding.temperature, "top_k": decoding.top_k, "top_p": decoding.top_p,
         "min_p": decoding.min_p, "thresholds": thresholds, "seed": decoding.seed,
