@@ -281,5 +281,5 @@ def test_graphed_cycle_equals_the_reference(pairs, work):
     eos = _eos([speculative_decode(spec, p, num_steps, max_new, set()) for p in prompts], eos_pick)
     ref = [speculative_decode(spec, p, num_steps, max_new, eos) for p in prompts]
     run = batched_decode(spec, prompts, num_steps, max_new, eos, batch, cuda_graphs=True)
-    assert run.cuda_graphs, run.fallback
+    assert run.cuda_graphs or run.cycles == 0, run.fallback          # no cycle (every prompt done at its prefill)
     _same(ref, run.decoded)

@@ -12,9 +12,9 @@ loop's (fp32 test on the GPU, tests/test_gpu_speed.py).
 Where a graph cannot hold the cycle, it is not tried and the loop runs eager, with a one-line reason
 (`capture_blockers`): no CUDA device; parameters on the CPU or on several devices (accelerate's
 offload and pipeline hooks move tensors between devices on the host: one graph is one device); a
-mixture-of-experts target whose experts run eager (transformers' eager experts loop over the experts a batch hits,
-found with `.nonzero()` on the host: the shapes depend on the routing, which a replay would freeze; its
-"grouped_mm" and "batched_mm" implementations route on the device with fixed shapes, and are tried). A capture
+mixture-of-experts target (transformers' eager experts loop over the experts a batch hits, found with `.nonzero()`
+on the host: the shapes depend on the routing, which a replay would freeze; its "grouped_mm" path routes on the
+device but copies a host tensor inside the forward, which a capture refuses: measured on the H100). A capture
 that fails anyway (some other host read inside a model's forward) falls back the same way, its error
 in the reason. Capture follows PyTorch's recipe (torch.cuda.graphs docs, `torch.cuda.graph`): warm-up
 calls on a side stream first, then one capture; warm-ups change the state, which is put back.
@@ -27,22 +27,24 @@ from collections.abc import Callable
 import torch
 
 MOE_MARKERS = ("Experts", "MoE", "Moe")
-# transformers' experts implementations that route on the device (fixed shapes: every token's top-k rows, offsets
-# computed on the device, integrations/moe.py), which a graph may hold; "eager" loops over the experts a batch hits
-DEVICE_ROUTED = ("grouped_mm", "batched_mm")
+# why each of transformers' experts implementations (integrations/moe.py) cannot be captured. "grouped_mm" routes on
+# the device with fixed shapes, but its forward still copies a host tensor to the device: measured on the H100 (torch
+# 2.11, transformers 5.17), capture fails with "Cannot copy between CPU and CUDA tensors during CUDA graph capture"
+ROUTING = {"eager": "loops over the experts a batch hits, found with .nonzero() on the host",
+           "grouped_mm": "copies a host tensor to the device inside its forward (capture measured to fail on torch "
+                         "2.11 / transformers 5.17)"}
 
 
 def capture_blockers(spec, cuda: bool | None = None) -> str | None:
     """Why the loop of `spec` cannot be captured (one line), or None. cuda: whether a CUDA device is
     there (default: ask torch)."""
     model = spec.target.model
-    experts = getattr(spec.target.info, "experts", None) or {}
-    device_routed = experts.get("implementation") in DEVICE_ROUTED
+    experts = (getattr(spec.target.info, "experts", None) or {}).get("implementation", "unknown")
     for name, module in model.named_modules():
-        if any(m in type(module).__name__ for m in MOE_MARKERS) and not device_routed:
-            return (f"{name} ({type(module).__name__}) routes tokens to experts with shapes found on the host "
-                    f"(mixture of experts, experts_implementation {experts.get('implementation', 'unknown')!r}): a CUDA "
-                    "graph cannot replay them; the loop runs eager")
+        if any(m in type(module).__name__ for m in MOE_MARKERS):
+            how = (ROUTING.get(experts) or "routes tokens to experts with shapes found on the host")
+            return (f"{name} ({type(module).__name__}) {how} (mixture of experts, experts_implementation "
+                    f"{experts!r}): a CUDA graph cannot replay it; the loop runs eager")
     if not (torch.cuda.is_available() if cuda is None else cuda):
         return "no CUDA device: the loop runs eager"
     devices = {p.device for p in model.parameters()} | {p.device for p in spec.head.parameters()}
