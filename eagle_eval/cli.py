@@ -4,8 +4,9 @@
 
 `--config FILE` (YAML or JSON, as a run folder's settings.yaml) fills the settings; flags given on the
 command line override it. An option a command does not use is not one of its options (click refuses it).
-Exit statuses are `errors.ExitCode` for every command (docs/exit-codes.md). Heavy imports (torch,
-transformers) happen inside the commands, so `eagle-eval --help` is instant.
+Exit statuses are `errors.ExitCode` for every command (docs/exit-codes.md); an unexpected exception is one
+line and exit 70, naming the prompt and the stage where there is one (`--debug`: the traceback). Heavy
+imports (torch, transformers) happen inside the commands, so `eagle-eval --help` is instant.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import MISSING, fields
 import click
 from click.core import ParameterSource
 
-from eagle_eval.errors import CheckFailed, ExitCode
+from eagle_eval.errors import CheckFailed, ExitCode, InternalError, one_line
 from eagle_eval.settings import (
     GROUPS,
     AblateOptions,
@@ -142,19 +143,33 @@ def build(command: str, kw: dict) -> tuple[Settings, Group | None]:
     return Settings.of(**settings_flat), (own_cls(**own_flat) if own_cls else None)
 
 
-def fail(message: str, exc: BaseException | None = None) -> None:
+def _debug_traceback(exc: BaseException | None) -> None:
     ctx = click.get_current_context(silent=True)
     if exc is not None and ctx is not None and (ctx.find_root().obj or {}).get("debug"):
         import traceback
         traceback.print_exception(exc)
+
+
+def fail(message: str, exc: BaseException | None = None) -> None:
+    _debug_traceback(exc)
     click.echo(f"eagle-eval: error: {message}", err=True)
     sys.exit(ExitCode.BAD_INPUT)
+
+
+def internal_error(exc: Exception, kept: str | None = None) -> None:
+    """An unexpected exception: one line (the prompt and the stage where an `errors.stage` named them; what
+    was kept), exit 70; `--debug` prints the traceback first."""
+    _debug_traceback(exc)
+    what = str(exc) if isinstance(exc, InternalError) else one_line(exc)
+    click.echo(f"eagle-eval: internal error: {what} (a bug or a fault of this machine; `eagle-eval --debug ...` "
+               f"prints the traceback){'; ' + kept if kept else ''}", err=True)
+    sys.exit(ExitCode.INTERNAL)
 
 
 def call(fn, *args, interrupted: str | None = None, **kw):
     """fn(*args, **kw) -> (result, warnings caught): bad input is one line and exit 2 (`--debug`: with
     the traceback); a failed check prints what it found and exits 1; Ctrl-C says what was kept
-    (`interrupted`) and exits 130."""
+    (`interrupted`) and exits 130; any other exception is one line and exit 70, saying what was kept."""
     import warnings
 
     from eagle_eval.errors import USER_ERRORS
@@ -171,6 +186,8 @@ def call(fn, *args, interrupted: str | None = None, **kw):
         except KeyboardInterrupt:
             click.echo(f"\neagle-eval: interrupted{'; ' + interrupted if interrupted else ''}", err=True)
             sys.exit(ExitCode.INTERRUPTED)
+        except Exception as exc:
+            internal_error(exc, interrupted)
 
 
 def echo(text: str, caught: list) -> None:
@@ -218,17 +235,34 @@ class LazyGroup(click.Group):
             self.add_command(self.factories[name](), name)
         return self.commands.get(name)
 
+    def invoke(self, ctx):
+        """Every command: an exception no command turned into its exit status is bad input (exit 2) or an
+        internal error (exit 70), one line either way; never a traceback with status 1."""
+        from eagle_eval.errors import USER_ERRORS
+
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise
+        except USER_ERRORS as exc:
+            fail(str(exc), exc)
+        except Exception as exc:
+            internal_error(exc)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.option("--debug", is_flag=True, default=False, help="On bad input, also print the traceback.")
+@click.option("--debug", is_flag=True, default=False, help="On bad input or an internal error, also print the "
+                                                            "traceback.")
 @click.option("--gpus-per-replica", type=click.IntRange(min=1), default=None,
               help="Under torchrun / accelerate launch: GPUs each process (one replica of the target) takes on its "
                    "node; default: the node's GPUs split evenly between its processes (docs/parallel.md). A setting "
                    "of the launch, not of the run: it is not compared on --resume.")
 @click.pass_context
 def main(ctx, debug, gpus_per_replica):
-    """Ground-truth acceptance for EAGLE-3 draft heads (reference greedy loop in pure PyTorch).
-    Exit status (every command): 0 ok, 1 a check failed, 2 bad input, 3 undecided, 130 interrupted."""
+    """Ground-truth acceptance for EAGLE-3 draft heads: a reference speculative loop in pure PyTorch, greedy
+    (equal to plain greedy decoding) or sampling under each engine's accept rule (--temperature > 0).
+    Exit status (every command): 0 ok, 1 a check failed, 2 bad input, 3 undecided, 70 internal error,
+    130 interrupted."""
     ctx.obj = {"debug": debug}
     _join_launch(gpus_per_replica)
 
@@ -424,20 +458,26 @@ def reference_markdown() -> str:
 def entry(args: list[str] | None = None) -> None:
     """The `eagle-eval` script and `python -m eagle_eval`: `main`, and in a process of a launched run an end
     without the interpreter's finalisation, with the command's own status (`group.exit_process`). An
-    unexpected error still prints its traceback and ends with status 1."""
+    unexpected error that escaped `main` (the commands turn theirs into one line and exit 70) is one line too
+    (`--debug`: the traceback) and status 70 (internal error), never 1 (a failed check)."""
     try:
         main(args=args, prog_name="eagle-eval")
     except SystemExit as exc:
         status = exc.code
         if not _launched():
             raise
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            click.echo("\neagle-eval: interrupted", err=True)
+            status = ExitCode.INTERRUPTED
+        else:
+            if "--debug" in (sys.argv[1:] if args is None else args):       # main's context is gone by now
+                import traceback
+                traceback.print_exception(exc)
+            click.echo(f"eagle-eval: internal error: {one_line(exc)}", err=True)
+            status = ExitCode.INTERNAL
         if not _launched():
-            raise
-        import traceback
-
-        traceback.print_exc()
-        status = 1
+            sys.exit(status)
     from eagle_eval.parallel import group
 
     group.exit_process(status)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eagle_eval.errors import stage
 from eagle_eval.models.capture import AuxLayers, engine_taps, resolve_aux_layers, sglang_deepseek_family
 from eagle_eval.models.heads.io import LoadedHead, load_head
 from eagle_eval.models.target import Target, TargetInfo, execution_device, load_target
@@ -226,8 +227,9 @@ class Oracle:
         r, max_new = self.resolved, self.settings.workload.max_new_tokens
         _, max_positions, extra, bound = self.limits()
         check_length(prompt, max_positions, extra, "the workload", bound)
-        d = speculative_decode(self.speculator, prompt.input_ids, r.num_steps, max_new, self.eos_ids, r.topk,
-                               r.num_draft_tokens, generator=self._generator(prompt, sample))
+        with stage([prompt.id], "decode"):
+            d = speculative_decode(self.speculator, prompt.input_ids, r.num_steps, max_new, self.eos_ids, r.topk,
+                                   r.num_draft_tokens, generator=self._generator(prompt, sample))
         return self._record(prompt, d, check_lossless, sample)
 
     def _generator(self, prompt: Prompt, sample: int = 0):
@@ -270,12 +272,17 @@ class Oracle:
         _, max_positions, extra, bound = self.limits()
         for prompt in prompts:
             check_length(prompt, max_positions, extra, "the workload", bound)
-        run = batched_decode(self.speculator, [p.input_ids for p in prompts], r.num_steps, max_new, self.eos_ids,
-                             batch_size, r.topk, r.num_draft_tokens, cuda_graphs=mode["cuda_graphs"],
-                             generators=[self._generator(p) for p in prompts])
+        with stage([p.id for p in prompts], f"decode (batched, {batch_size} rows)"):
+            run = batched_decode(self.speculator, [p.input_ids for p in prompts], r.num_steps, max_new,
+                                 self.eos_ids, batch_size, r.topk, r.num_draft_tokens, cuda_graphs=mode["cuda_graphs"],
+                                 generators=[self._generator(p) for p in prompts])
         return [self._record(p, d, check_lossless) for p, d in zip(prompts, run.decoded)]
 
     def _record(self, prompt: Prompt, d, check_lossless: bool, sample: int = 0) -> SampleRecord:
+        with stage([prompt.id], "lossless check" if check_lossless else "record"):
+            return self._record_of(prompt, d, check_lossless, sample)
+
+    def _record_of(self, prompt: Prompt, d, check_lossless: bool, sample: int) -> SampleRecord:
         r, max_new, decoding = self.resolved, self.settings.workload.max_new_tokens, self.settings.decoding
         rec = SampleRecord(id=prompt.id, category=prompt.category, prompt_len=len(prompt.input_ids),
                            output_ids=d.output_ids, accepted_per_cycle=d.accepted_per_cycle,

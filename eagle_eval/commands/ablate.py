@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from eagle_eval.commands.folder import open_folder
 from eagle_eval.commands.profile import profile_oracle
+from eagle_eval.errors import within
 from eagle_eval.oracle import load_oracle
 from eagle_eval import parallel
 from eagle_eval.results.acceptance import speedup
@@ -189,13 +190,14 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
                                          if d <= pool_size(k_max, k) + 1)
         at = {} if temp is None else {"temperature": temp}           # one profile (one pass) per temperature
         oracle = base_oracle.with_(**overrides, topk=k, num_draft_tokens=d_main, **at)
-        res = profile_oracle(oracle, replace_grid(options, grid if k > 1 else None), progress=progress)
+        label = (name if len(topks) == 1 else f"{name} topk={k}") + ("" if temp is None else f" T={temp:g}")
+        with within(f"variant {label}"):
+            res = profile_oracle(oracle, replace_grid(options, grid if k > 1 else None), progress=progress)
         if costs is None:
             if options.cost_ratio is not None:
                 costs, timing = Costs(options.cost_ratio, {}, "given (--cost-ratio; r = 1)"), None
             else:                          # timed on rank 0 alone, the others waiting: one clock for every row
                 costs, timing = parallel.current().from_main(lambda: measure_costs(oracle, sizes))
-        label = (name if len(topks) == 1 else f"{name} topk={k}") + ("" if temp is None else f" T={temp:g}")
         temperature = oracle.settings.decoding.temperature
         shapes = ({str(d): sec for d, sec in res.report.get("by_num_draft_tokens", {}).items()}
                   if k > 1 and grid else {None: res.report["by_num_steps"]})

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.commands.folder import agree_on_loaded, open_folder
+from eagle_eval.errors import stage
 from eagle_eval.commands.profiled import ProfileResult, record_of, tree_shapes  # noqa: F401  (ProfileResult: api)
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
 from eagle_eval import parallel
@@ -177,7 +178,8 @@ def _profiled(oracle: Oracle, items: list[tuple[Prompt, list[int] | None]], opti
     if given:
         conts = _extend(spec, prompts, [c[:need] for _, c in items], need, pad, options.batch_tokens, progress)
     else:
-        with tqdm(total=len(prompts) * need, desc="generate", unit="tok", disable=not progress) as bar:
+        with tqdm(total=len(prompts) * need, desc="generate", unit="tok", disable=not progress) as bar, \
+                stage([p.id for p in prompts], "generate (the target's greedy continuations)"):
             conts = prof.greedy_continuations(spec, [p.input_ids for p in prompts], need, pad, options.batch_tokens,
                                               progress=bar.update)
 
@@ -187,8 +189,9 @@ def _profiled(oracle: Oracle, items: list[tuple[Prompt, list[int] | None]], opti
         for batch in tqdm(list(prof.batches(seqs, 0, options.batch_tokens)), desc=desc, unit="batch",
                           disable=not progress):
             part = [(prompts[indices[j]], conts[indices[j]]) for j in batch]
-            for j, res in zip(batch, prof.profile_batch(spec, part, k_max, max_new, pad, *tree)):
-                out[indices[j]] = res
+            with stage([p.id for p, _ in part], desc):
+                for j, res in zip(batch, prof.profile_batch(spec, part, k_max, max_new, pad, *tree)):
+                    out[indices[j]] = res
         return out
 
     profiled = run_profile(list(range(len(prompts))), "profile")
@@ -215,7 +218,8 @@ def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad:
         missing = max(need - len(conts[i]) for i in short)
         from tqdm import tqdm
 
-        with tqdm(total=len(short) * missing, desc="extend", unit="tok", disable=not progress) as bar:
+        with tqdm(total=len(short) * missing, desc="extend", unit="tok", disable=not progress) as bar, \
+                stage([prompts[i].id for i in short], "extend (the responses, greedily)"):
             more = prof.greedy_continuations(spec, [prompts[i].input_ids + conts[i] for i in short], missing, pad,
                                              batch_tokens, progress=bar.update)
         for i, m in zip(short, more):

@@ -13,6 +13,7 @@ report (results/expectation.py: which quantity each figure is, with intervals).
 
 from __future__ import annotations
 
+from eagle_eval.errors import stage
 
 
 def _sequences(oracle, prompts, continuations, need: int, pad: int, batch_tokens: int) -> list[tuple]:
@@ -58,27 +59,34 @@ class _Profile:
         from tqdm import tqdm
 
         from eagle_eval.speculative import profile as prof
-        from eagle_eval.speculative.profile_sampled import (profile_batch_rollouts, profile_batch_sampled,
-                                                            profile_batch_weighted)
 
-        spec, dec, k_max, opts = self.oracle.speculator, self.oracle.settings.decoding, self.options.max_steps, \
-            self.options
+        opts = self.options
         # rollouts multiply the drafting rows: the batch budget is shared among them
         budget = max(1, opts.batch_tokens // opts.rollouts) if self.sampled_drafts and opts.rollouts else \
             opts.batch_tokens
         batches = list(prof.batches([p.input_ids + c for p, _, c in self.seqs], 0, budget))
         for batch in tqdm(batches, desc="profile", unit="batch", disable=not progress):
-            items = [(self.seqs[j][0], self.seqs[j][2]) for j in batch]
-            if self.sampled_drafts and not opts.rollouts:
-                got = profile_batch_weighted(spec, items, k_max, self.max_new, self.pad, dec)
-            elif self.sampled_drafts:
-                keys = [(self.seqs[j][0].id, self.seqs[j][1]) for j in batch]
-                got = profile_batch_rollouts(spec, items, keys, k_max, self.max_new, self.pad, dec, opts.rollouts)
-            else:
-                got = profile_batch_sampled(spec, items, k_max, self.max_new, self.pad, dec, self.topk, self.shapes,
-                                            floor=opts.expectation_floor)
-            for j, res in zip(batch, got):
-                self.profiled[j] = res
+            with stage(list(dict.fromkeys(self.seqs[j][0].id for j in batch)), "profile"):
+                self._profile_batch(batch)
+
+    def _profile_batch(self, batch: list[int]) -> None:
+        """The pass of speculative/profile_sampled.py over the sequences `batch` (indices into self.seqs)."""
+        from eagle_eval.speculative.profile_sampled import (profile_batch_rollouts, profile_batch_sampled,
+                                                            profile_batch_weighted)
+
+        spec, dec, k_max, opts = self.oracle.speculator, self.oracle.settings.decoding, self.options.max_steps, \
+            self.options
+        items = [(self.seqs[j][0], self.seqs[j][2]) for j in batch]
+        if self.sampled_drafts and not opts.rollouts:
+            got = profile_batch_weighted(spec, items, k_max, self.max_new, self.pad, dec)
+        elif self.sampled_drafts:
+            keys = [(self.seqs[j][0].id, self.seqs[j][1]) for j in batch]
+            got = profile_batch_rollouts(spec, items, keys, k_max, self.max_new, self.pad, dec, opts.rollouts)
+        else:
+            got = profile_batch_sampled(spec, items, k_max, self.max_new, self.pad, dec, self.topk, self.shapes,
+                                        floor=opts.expectation_floor)
+        for j, res in zip(batch, got):
+            self.profiled[j] = res
 
     def starts(self, p) -> int:
         from eagle_eval.results.expectation import cycle_starts
@@ -183,8 +191,9 @@ def _profile_shards(oracle, prompts, options, continuations, pad: int, progress:
 
     def part(items):
         conts = None if continuations is None else [c for _, c in items]
-        run = _Profile(oracle, options, _sequences(oracle, [p for p, _ in items], conts, need, pad,
-                                                   options.batch_tokens), pad)
+        with stage([p.id for p, _ in items], "sample continuations"):
+            seqs = _sequences(oracle, [p for p, _ in items], conts, need, pad, options.batch_tokens)
+        run = _Profile(oracle, options, seqs, pad)
         run.run(progress and group.is_main)
         per = len(run.seqs) // max(1, len(items))          # _sequences: each prompt's samples side by side
         pairs = list(zip(run.seqs, run.profiled))

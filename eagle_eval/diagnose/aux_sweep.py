@@ -110,13 +110,15 @@ def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bo
     """Per candidate: (cycle counts, position counts) per prompt, each candidate profiled through
     `oracle.with_` (the loaded target and head are shared) on the same prompts and greedy continuations."""
     from eagle_eval.commands.profile import profile_prompts
+    from eagle_eval.errors import within
     from eagle_eval.settings import ProfileOptions
 
     out = []
     n, steps = oracle.speculator.target.num_layers, oracle.resolved.num_steps
     for cand in cands:
         swept = oracle.with_(aux_layers=cand.hf, aux_convention="boundary" if n in cand.hf else "hf")
-        res = profile_prompts(swept, prompts, ProfileOptions(max_steps=steps), continuations, progress)
+        with within(f"aux-layer sweep, HF {list(cand.hf)}"):
+            res = profile_prompts(swept, prompts, ProfileOptions(max_steps=steps), continuations, progress)
         out.append((prompt_counts([s.accepted_per_cycle for s in res.samples]), sample_positions(res.samples, steps)))
     return out
 

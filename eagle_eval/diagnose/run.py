@@ -21,6 +21,7 @@ from pathlib import Path
 
 from eagle_eval.diagnose import decide
 from eagle_eval.diagnose.options import DiagnoseOptions
+from eagle_eval.errors import stage
 from eagle_eval import parallel
 from eagle_eval.results.findings import Finding, exit_status, info
 
@@ -101,7 +102,8 @@ class Rounds:
         todo = self.prompts[len(self.conts):hi]
         group = parallel.current()                    # in a launched run: split, all-gathered
         with tqdm(total=len(todo) * need, desc="generate", unit="tok",
-                  disable=not (self.progress and group.is_main)) as bar:
+                  disable=not (self.progress and group.is_main)) as bar, \
+                stage([p.id for p in todo], "generate (the target's greedy continuations)"):
             self.conts += group.map_shards(todo, lambda part: greedy_continuations(
                 oracle.speculator, [p.input_ids for p in part], need, pad, 16384, progress=bar.update),
                 weight=lambda p: len(p.input_ids))
@@ -192,7 +194,8 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
     if dump_hf is not None:
         recommended = list(dump_hf)             # the dump says what the head was trained on
     if dcfg.fingerprint:
-        report["fingerprint"] = fingerprint(oracle, prompts[0])
+        with stage([prompts[0].id], "feature fingerprint"):
+            report["fingerprint"] = fingerprint(oracle, prompts[0])
     report.update({"findings": [f.as_dict() for f in findings], "recommended_aux_layers": _layers(recommended),
                    "exit_status": exit_status(findings), "config": {**run.flat(), **dcfg.as_dict()},
                    "resolved": oracle.resolved.as_dict(), "provenance": provenance(run.decoding.seed)})

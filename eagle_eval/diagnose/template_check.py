@@ -53,6 +53,7 @@ def template_check(oracle) -> tuple[list[dict], list[Finding]]:
     """Rows (rows[0] = the configured format) and one finding."""
     from eagle_eval.commands.profile import profile_prompts
     from eagle_eval.diagnose.aux_sweep import prompt_counts, sample_positions
+    from eagle_eval.errors import within
     from eagle_eval.settings import ProfileOptions
 
     rendered = _render(oracle)
@@ -69,8 +70,9 @@ def template_check(oracle) -> tuple[list[dict], list[Finding]]:
 
     def measure(lo: int, hi: int) -> list[list]:
         out = []
-        for i, (_, variant, prompts) in enumerate(valid):
-            res = profile_prompts(variant, prompts[lo:hi], ProfileOptions(max_steps=steps))
+        for i, (label, variant, prompts) in enumerate(valid):
+            with within(f"chat-template check, {label}"):
+                res = profile_prompts(variant, prompts[lo:hi], ProfileOptions(max_steps=steps))
             cycles[i] += prompt_counts([s.accepted_per_cycle for s in res.samples])
             out.append(sample_positions(res.samples, steps))
         return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle_eval.errors import stage
 from eagle_eval.servers.compare import (
     aggregate,
     compare_request,
@@ -94,9 +95,11 @@ def _decode_and_ask(oracle, workload, client, check: ServerCheckOptions, progres
         # turn t > 1 is built from the ORACLE's earlier answers; the server gets the same token ids
         pairs.append((prompt, rec))
         if client is not None:
-            reply = client.generate(prompt.input_ids, max_new)
-            div = divergence_from_oracle(oracle, prompt, reply.output_ids, rec.output_ids)
-            rows[prompt.id] = compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin)
+            with stage([prompt.id], "request to the server"):
+                reply = client.generate(prompt.input_ids, max_new)
+            with stage([prompt.id], "comparison with the oracle"):
+                div = divergence_from_oracle(oracle, prompt, reply.output_ids, rec.output_ids)
+                rows[prompt.id] = compare_request(check.backend, rec, reply, div, num_steps, check.tie_margin)
 
     group = parallel.current()
     if group.world == 1:

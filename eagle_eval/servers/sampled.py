@@ -157,6 +157,7 @@ def ask_sampled(oracle, workload, client, check, progress: bool) -> tuple[list, 
     earlier answers: there is no oracle answer to use), its accepted_per_cycle the counts re-drafted along it."""
     from tqdm import tqdm
 
+    from eagle_eval.errors import stage
     from eagle_eval.results.records import SampleRecord
     from eagle_eval.workload.conversations import run_turns
 
@@ -165,9 +166,11 @@ def ask_sampled(oracle, workload, client, check, progress: bool) -> tuple[list, 
     prompts, rows = [], []
 
     def decode(prompt):
-        reply = client.generate(prompt.input_ids, max_new, request_sampling(decoding, prompt.id))
+        with stage([prompt.id], "request to the server"):
+            reply = client.generate(prompt.input_ids, max_new, request_sampling(decoding, prompt.id))
         answer = list(reply.output_ids or [])
-        ours, capped = redrafted(oracle, prompt, answer) if exact else ([], False)
+        with stage([prompt.id], "drafts re-made along the server's answer"):
+            ours, capped = redrafted(oracle, prompt, answer) if exact else ([], False)
         server = {"accepted_per_cycle": reply.accepted_per_cycle, "verify_count": reply.verify_count,
                   "accepted_drafts": reply.accepted_drafts}
         row = {"id": prompt.id, "tokens": len(answer), "sampling": request_sampling(decoding, prompt.id),
