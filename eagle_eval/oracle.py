@@ -147,8 +147,8 @@ def load_models(model: ModelSettings) -> Loaded:
     dtype = _resolve_dtype(model.dtype)
     target, tokenizer = load_target(model.target, dtype=dtype, device_map=model.device_map,
                                     max_memory=model.max_memory, trust_remote_code=model.trust_remote_code,
-                                    fp8_matmul=model.fp8_matmul)
-    head = load_head(model.draft, allow_unknown_keys=model.allow_unknown_head_keys)
+                                    fp8_matmul=model.fp8_matmul, revision=model.revision)
+    head = load_head(model.draft, allow_unknown_keys=model.allow_unknown_head_keys, revision=model.draft_revision)
     cfg = head.head.config
     if cfg.vocab_size != target.info.vocab_size:
         raise ConfigError(f"{head.path}/config.json: vocab_size={cfg.vocab_size} but the target "

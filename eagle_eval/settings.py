@@ -31,9 +31,25 @@ from pathlib import Path
 from eagle_eval.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUNDLED_TARGET = REPO_ROOT / "checkpoints" / "target"
-BUNDLED_DRAFT = REPO_ROOT / "checkpoints" / "draft"
-BUNDLED_PROMPTS = REPO_ROOT / "data" / "prompts.jsonl"
+# The bundled pair, heads, prompts and plan configs are package data: eagle_eval/bundled/ holds links to the
+# repository's checkpoints/ and data/ (an editable install and scripts/build_bundled.py use those), and a wheel
+# or a `pip install .` the files themselves; so the defaults are found the same way from any install
+# (README "Bundled default").
+BUNDLED = Path(__file__).resolve().parent / "bundled"
+BUNDLED_TARGET = BUNDLED / "checkpoints" / "target"
+BUNDLED_DRAFT = BUNDLED / "checkpoints" / "draft"
+BUNDLED_PROMPTS = BUNDLED / "data" / "prompts.jsonl"
+BUNDLED_PLAN_CONFIGS = ("deepseek-v3", "kimi-k2.5")      # data/plan/NAME/config.json, as published
+
+
+def bundled_missing(path) -> str | None:
+    """Why `path` is missing when it is one of the bundled files (a default), else None."""
+    p = Path(path)
+    if p.exists() or BUNDLED not in (p, *p.parents):
+        return None
+    return (f"{p} is bundled with eagle-eval (package data) but missing from this install: it was installed "
+            "without its package data (from a source without eagle_eval/bundled's files, or a checkout made "
+            "without symbolic links); reinstall from a complete source or wheel, or name your own")
 
 EMBEDDING_CHOICES = ("auto", "target", "own")
 AUX_CONVENTIONS = ("sglang", "vllm", "hf", "boundary")    # models/capture.py CONVENTIONS
@@ -198,10 +214,14 @@ def at_least(value, low, option: str, what: str = "") -> None:
 @dataclass(frozen=True)
 class ModelSettings(Group):
     """What is loaded: the target, the head, and how they are held."""
-    target: str = opt(str(BUNDLED_TARGET), "Local Hugging Face causal-LM folder (or a multimodal model run on text).",
-                      show_default="the bundled target", input_path=True)
-    draft: str = opt(str(BUNDLED_DRAFT), "EAGLE-3 head folder (SpecForge/SGLang, EAGLE or speculators layout).",
-                     show_default="the bundled head", input_path=True)
+    target: str = opt(str(BUNDLED_TARGET), "Hugging Face causal-LM folder (or a multimodal model run on text), or a "
+                      "model id (org/name) found as from_pretrained finds it: the HF cache, downloaded unless "
+                      "HF_HUB_OFFLINE=1.", show_default="the bundled target", input_path=True)
+    revision: str | None = opt(None, "With a model id as --target: its branch, tag or commit (from_pretrained's "
+                               "revision; default main).")
+    draft: str = opt(str(BUNDLED_DRAFT), "EAGLE-3 head folder (SpecForge/SGLang, EAGLE or speculators layout), or a "
+                     "model id (org/name), as --target.", show_default="the bundled head", input_path=True)
+    draft_revision: str | None = opt(None, "With a model id as --draft: its branch, tag or commit (default main).")
     dtype: str = opt("auto", "auto = bf16 on a GPU, fp32 on the CPU.", choices=DTYPE_CHOICES)
     device_map: str = opt("auto", "auto (every visible GPU, else the CPU) | cpu | cuda:N.")
     max_memory: str | None = opt(None, "Per device, e.g. 0=70GiB,1=70GiB,cpu=100GiB (accelerate's max_memory).")
@@ -755,8 +775,14 @@ def field_default(f):
 class PlanOptions(Group):
     """`plan`: does a target (and head) fit these GPUs? No weight is read (models/plan.py)."""
     target: str | None = opt(None, "Target folder: config.json (and model.safetensors.index.json if any); no weights "
-                             "are read (required).")
-    draft: str | None = opt(None, "EAGLE-3 head folder (optional): its bytes and KV cache, with the lm_head.")
+                             "are read. Or a model id (org/name): its config files from the HF cache, downloaded "
+                             "unless HF_HUB_OFFLINE=1 (never its weights). Required unless --bundled-config.")
+    bundled_config: str | None = opt(None, "Plan a published model whose config.json ships with eagle-eval, in place "
+                                     "of --target.", choices=BUNDLED_PLAN_CONFIGS)
+    revision: str | None = opt(None, "With a model id as --target: its branch, tag or commit (default main).")
+    draft: str | None = opt(None, "EAGLE-3 head folder or model id (optional): its bytes and KV cache, with the "
+                            "lm_head.")
+    draft_revision: str | None = opt(None, "With a model id as --draft: its branch, tag or commit (default main).")
     gpus: int | None = opt(None, "GPUs to plan for (default: those visible here).")
     gpu_memory: str | None = opt(None, "Memory of each GPU: 141GB (GB = 10^9 bytes) or 80GiB (GiB = 2^30 bytes); a "
                                  "lower-case b or a bare number is refused (default: the visible GPUs').")
@@ -775,8 +801,11 @@ class PlanOptions(Group):
     def validate(self):
         from eagle_eval.units import parse_size
 
-        if self.target is None:
-            raise ConfigError("--target is required (a folder holding the target's config.json)")
+        if self.target is None and self.bundled_config is None:
+            raise ConfigError("--target is required (a folder holding the target's config.json, or a model id), or "
+                              f"--bundled-config ({', '.join(BUNDLED_PLAN_CONFIGS)})")
+        if self.target is not None and self.bundled_config is not None:
+            raise ConfigError("--target and --bundled-config exclude each other: give one")
         for name, (low, high, why) in PLAN_LIMITS.items():
             option, value = f"--{name.replace('_', '-')}", getattr(self, name)
             at_least(value, low, option)
@@ -785,6 +814,11 @@ class PlanOptions(Group):
         if self.gpu_memory is not None:
             parse_size(self.gpu_memory, "--gpu-memory", ConfigError)
         parse_size(self.reserve, "--reserve", ConfigError, allow_zero=True)
+
+    @property
+    def target_name(self) -> str:
+        """--target, or the bundled config's folder."""
+        return self.target if self.target is not None else str(BUNDLED / "data" / "plan" / self.bundled_config)
 
 
 # what a plan takes, at most: beyond these the meta tensors that carry the KV cache overflow, and a

@@ -1,5 +1,10 @@
+import os
 import sys
 from pathlib import Path
+
+# the tests never reach the Hugging Face hub (there is no network here, and a model id in an odd option value
+# must not start a download): set before huggingface_hub is imported, which reads it once (tests/test_hub.py)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch

@@ -12,9 +12,10 @@ LOWER = {"models", "speculative", "workload", "results", "parallel"}
 HIGHER = {"oracle", "commands", "diagnose", "servers", "api", "cli"}
 # the floors above the stages, lowest first: a room imports only from its own floor or below
 DOOR = [{"errors", "units"}, {"settings"}, LOWER, {"oracle"}, {"commands"}, {"diagnose", "servers"}, {"api"}, {"cli"}]
-# modules (not packages) `eagle-eval run` loads: the greedy path's rooms, 41 before the settings issue; 42 since
-# issue 37 (commands/effect.py: a greedy run refuses the sampling options it would ignore)
-GREEDY_PATH_ROOMS = 42
+# modules (not packages) `eagle-eval run` loads: the greedy path's rooms, 41 before the settings issue; + 2 since
+# issue 37 (commands/effect.py: a greedy run refuses the sampling options it would ignore; models/hub: a Hugging
+# Face model id as --target / --draft)
+GREEDY_PATH_ROOMS = 43
 
 
 def _unit(module: str) -> str:

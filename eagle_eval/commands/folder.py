@@ -7,6 +7,7 @@ target, head and prompts the same way."""
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 from eagle_eval import parallel
 from eagle_eval.results.resume import workload_digests
@@ -19,6 +20,20 @@ SETTINGS_FILE = "settings.yaml"
 def own_inputs(own: Group | None) -> dict[str, str | None]:
     """{field: path} of the files a command's own options name (e.g. --responses)."""
     return {f.name: getattr(own, f.name) for f in fields(own) if f.metadata.get("input_path")} if own else {}
+
+
+def model_folders(settings: Settings) -> dict[str, str]:
+    """{"target": folder, "draft": folder}: a model id's snapshot in the HF cache (models/hub.py), so the owner
+    file fingerprints the files the run reads; a local folder as given."""
+    from eagle_eval.models.hub import HEAD_FILES, TARGET_FILES, model_folder
+
+    m = settings.model
+    out = {}
+    for name, given, revision, files in (("target", m.target, m.revision, TARGET_FILES),
+                                         ("draft", m.draft, m.draft_revision, HEAD_FILES)):
+        folder = model_folder(given, revision, f"--{name}", files)
+        out[name] = given if folder == Path(given) else str(folder)        # a local folder keeps its spelling
+    return out
 
 
 def command_config(settings: Settings, own: Group | None) -> dict:
@@ -34,6 +49,8 @@ def open_folder(command: str, settings: Settings, own: Group | None = None, extr
     config = {**command_config(settings, own), **(extra or {})}
     inputs = {**settings.input_paths(), **own_inputs(own), **(extra_inputs or {})}
     group = parallel.current()
+    if settings.output.output_dir or group.world > 1:        # the files read are fingerprinted: a model id's own
+        inputs.update(model_folders(settings))
     if group.world > 1:
         from eagle_eval.parallel.settings import settings_digests
         group.check_same("settings", settings_digests(command, config, inputs))

@@ -2,7 +2,7 @@
 function that decides which target tensors feed the head (`capture.resolve_aux_layers`), quantized
 weights, and the load-time checks of what was loaded.
 
-Rooms: `target`, `text_decoder`, `capture`, `files`, `training_metrics`; `heads/` (the Llama-style and
+Rooms: `hub` (a Hugging Face model id's snapshot), `target`, `text_decoder`, `capture`, `files`, `training_metrics`; `heads/` (the Llama-style and
 MLA draft layers, their configs, checkpoint dialects and key audit); `quant/` (what a checkpoint holds
 quantized, and the matmuls that run it); `checks/` (load-time findings).
 

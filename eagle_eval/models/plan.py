@@ -163,7 +163,10 @@ def _head_bytes(req: PlanRequest, dtype) -> tuple[dict | None, int, int]:
     """(the head's record, its bytes, its KV bytes per token)."""
     if not req.draft:
         return None, 0, 0
-    head, cfg = head_meta(Path(req.draft), dtype)
+    from eagle_eval.models.hub import HEAD_FILES, model_folder
+
+    # a head's weights are small and their header tells whether it ships its own embedding table
+    head, cfg = head_meta(model_folder(req.draft, req.draft_revision, "--draft", HEAD_FILES), dtype)
     size = torch.tensor([], dtype=dtype).element_size()
     weights = sum(t.numel() * t.element_size() for t in head.state_dict(keep_vars=True).values())   # as parts_of
     if cfg.mla is not None:
@@ -229,11 +232,12 @@ def _fits(per_device: dict) -> bool:
 
 def make_plan(req: PlanRequest) -> Plan:
     """The plan for `req` (module contract)."""
+    from eagle_eval.models.hub import CONFIG_FILES, model_folder
     from eagle_eval.models.text_decoder import find_text_decoder
 
-    folder = Path(req.target)
+    folder = model_folder(req.target_name, req.revision, "--target", CONFIG_FILES)
     if not folder.is_dir():
-        raise PlanError(f"{req.target}: target folder does not exist (a plan reads local folders only)")
+        raise PlanError(f"{req.target_name}: target folder does not exist (nor a Hugging Face model id: org/name)")
     gpus, gpu_bytes = _gpus(req)
     reserve = parse_size(req.reserve, "--reserve", PlanError, allow_zero=True)
     if reserve >= gpu_bytes:

@@ -361,23 +361,23 @@ def _check_fp8_blocks(folder: Path) -> None:
 
 
 def load_target(path: str, dtype: str = "bf16", device_map: str = "auto", max_memory: str | None = None,
-                trust_remote_code: bool = False, fp8_matmul: str = "auto"):
-    """Load a local Hugging Face folder (a causal LM, or a multimodal model run on text: `auto_class_name`)
-    and its tokenizer -> (Target, tokenizer). A block-FP8 checkpoint held in FP8 runs its matmuls as
-    `fp8_matmul` says (models/quant/fp8.py)."""
+                trust_remote_code: bool = False, fp8_matmul: str = "auto", revision: str | None = None):
+    """Load a Hugging Face folder, or a model id from the HF cache (models/hub.py; `revision`), of a causal LM
+    or a multimodal model run on text (`auto_class_name`), and its tokenizer -> (Target, tokenizer). A block-FP8
+    checkpoint held in FP8 runs its matmuls as `fp8_matmul` says (models/quant/fp8.py)."""
     import transformers
     from transformers import AutoTokenizer
 
+    from eagle_eval.models.hub import model_folder
     from eagle_eval.models.quant.fp8 import resolve_fp8_matmul
     from eagle_eval.models.quant.info import checkpoint_quantization_config
 
-    folder = Path(path)
+    folder = model_folder(path, revision, "--target")
     if folder.exists() and not folder.is_dir():
         raise TargetError(f"{path}: is a file; the target is a Hugging Face model folder (config.json, weights, "
                           "tokenizer)")
     if not folder.is_dir():
-        raise TargetError(f"{path}: target folder does not exist (eagle-eval reads local folders only, "
-                          "never a model hub)")
+        raise TargetError(f"{path}: target folder does not exist (nor a Hugging Face model id: org/name)")
     if not (folder / "config.json").is_file():
         raise TargetError(f"{folder / 'config.json'}: missing (not a Hugging Face model folder)")
     if dtype not in DTYPES:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eagle_eval.settings import WorkloadSettings
+from eagle_eval.settings import WorkloadSettings, bundled_missing
 from eagle_eval.results.records import Prompt, SampleRecord
 from eagle_eval.workload.data import DataError, tokenize_row
 from eagle_eval.workload.datasets import Question, read_jsonl_rows, read_questions, select, to_question
@@ -93,7 +93,8 @@ def _existing(path: str) -> Path:
         raise DataError(f"{path}: is a folder; --prompts is a JSONL file (a benchmark folder saved with "
                         "save_to_disk goes to --dataset)")
     if not Path(path).is_file():
-        raise DataError(f"{path}: prompts file does not exist")
+        why = bundled_missing(path)
+        raise DataError(f"--prompts: {why}" if why else f"{path}: prompts file does not exist")
     return Path(path)
 
 

@@ -120,7 +120,8 @@ def _read_config(path: Path) -> tuple[Path, dict]:
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{path}: is a file; the draft head is a folder (config.json and weights)")
     if not path.is_dir():
-        raise CheckpointError(f"{path}: draft checkpoint folder does not exist (local paths only)")
+        raise CheckpointError(f"{path}: draft checkpoint folder does not exist (nor a Hugging Face model id: "
+                              "org/name)")
     if not config_file.is_file():
         raise CheckpointError(f"{config_file}: missing (an EAGLE-3 head folder needs config.json)")
     return config_file, read_json_file(config_file, CheckpointError, "the head's config (a JSON object)")
@@ -206,10 +207,13 @@ def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) ->
         raise said_by(f"{config_file}: a size or setting has the wrong type or value", exc, CheckpointError) from exc
 
 
-def load_head(path: str | Path, allow_unknown_keys: bool = False) -> LoadedHead:
-    """Read a draft head checkpoint folder (any dialect) strictly. Config keys that change the math in an
-    engine but not here are an error unless `allow_unknown_keys` (models/heads/keys.py)."""
-    path = Path(path)
+def load_head(path: str | Path, allow_unknown_keys: bool = False, revision: str | None = None) -> LoadedHead:
+    """Read a draft head checkpoint folder (any dialect), or a model id from the HF cache (models/hub.py;
+    `revision`), strictly. Config keys that change the math in an engine but not here are an error unless
+    `allow_unknown_keys` (models/heads/keys.py)."""
+    from eagle_eval.models.hub import HEAD_FILES, model_folder
+
+    path = model_folder(path, revision, "--draft", HEAD_FILES)
     config_file, config = _read_config(path)
     dialect = detect_dialect(config, config_file)
     audit = audit_keys(config, dialect)
