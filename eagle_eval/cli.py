@@ -3,7 +3,8 @@
 `Settings` (plus its own options) and calls the Python API; nothing else.
 
 `--config FILE` (YAML or JSON, as a run folder's settings.yaml) fills the settings; flags given on the
-command line override it. An option a command does not use is not one of its options (click refuses it).
+command line override it, and every boolean has its off switch (`--check-lossless/--no-check-lossless`), so a
+file's `true` can be turned off. An option a command does not use is not one of its options (click refuses it).
 Exit statuses are `errors.ExitCode` for every command (docs/exit-codes.md); an unexpected exception is one
 line and exit 70, naming the prompt and the stage where there is one (`--debug`: the traceback). Heavy
 imports (torch, transformers) happen inside the commands, so `eagle-eval --help` is instant.
@@ -74,11 +75,8 @@ def _click_option(f, owner: type):
     kw = {"default": None if isinstance(default, tuple) else default, "help": m["help"], "show_default": shown}
     name = flag_name(f)
     decls = [name]
-    if base is bool:
-        if m.get("secondary"):
-            decls = [f"{name}/{m['secondary']}"]
-        else:
-            kw["is_flag"] = True
+    if base is bool:                  # on and off: a settings file's true can be turned off on the command line
+        decls = [f"{name}/{m.get('secondary') or '--no-' + name[2:]}"]
     elif typing.get_origin(base) is tuple and not m.get("parse"):
         kw["multiple"] = True                    # a repeatable option (--vary)
     elif m.get("choices"):
@@ -250,9 +248,31 @@ class LazyGroup(click.Group):
             internal_error(exc)
 
 
+def _version() -> str:
+    """eagle-eval's version from the installed package's metadata, with the libraries that decide the numbers."""
+    import importlib.metadata as md
+    import platform
+
+    def version(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "not installed"
+    libs = ", ".join(f"{n} {version(n)}" for n in ("torch", "transformers", "huggingface_hub"))
+    return f"eagle-eval {version('eagle-eval')} ({libs}; Python {platform.python_version()})"
+
+
+def _print_version(ctx, param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version())
+        ctx.exit(ExitCode.OK)
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.option("--debug", is_flag=True, default=False, help="On bad input or an internal error, also print the "
-                                                            "traceback.")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print eagle-eval's version (and torch's, transformers', huggingface_hub's) and exit.")
+@click.option("--debug/--no-debug", default=False,
+              help="On bad input or an internal error, also print the traceback.")
 @click.option("--gpus-per-replica", type=click.IntRange(min=1), default=None,
               help="Under torchrun / accelerate launch: GPUs each process (one replica of the target) takes on its "
                    "node; default: the node's GPUs split evenly between its processes (docs/parallel.md). A setting "
@@ -397,7 +417,7 @@ for _name in SETTINGS_COMMANDS:
 
 @main.command("report")
 @click.argument("results", nargs=-1, required=True)
-@click.option("--markdown", is_flag=True, default=False, help="Markdown tables instead of the terminal table.")
+@click.option("--markdown/--no-markdown", default=False, help="Markdown tables instead of the terminal table.")
 @click.option("--csv", "csv_path", default=None, help="Write the per-group acceptance CSV here.")
 @click.option("--plot", "plot_path", default=None,
               help="Write a PNG: per-position acceptance curves and tau by category (needs matplotlib).")
@@ -435,11 +455,13 @@ def reference_markdown() -> str:
              "Generated from the settings (`python -m eagle_eval.cli reference > docs/cli.md`; a test checks it is "
              "current). Every option's default, choices and help come from one field of eagle_eval/settings.py or "
              "of the command's own options.", ""]
-    for name in main.list_commands(ctx):
-        cmd = main.get_command(ctx, name)
-        lines += [f"## `eagle-eval {name}`", "", (cmd.help or "").strip().replace("\n    ", " "), "",
+    commands = [(None, main, ctx)] + [(name, main.get_command(ctx, name), None) for name in main.list_commands(ctx)]
+    for name, cmd, sub in commands:
+        title = "`eagle-eval` (before the command: `eagle-eval --debug run ...`)" if name is None else \
+            f"`eagle-eval {name}`"
+        lines += [f"## {title}", "", (cmd.help or "").strip().replace("\n    ", " "), "",
                   "| option | default | help |", "|---|---|---|"]
-        sub = cmd.make_context(name, [], parent=ctx, resilient_parsing=True)
+        sub = sub or cmd.make_context(name, [], parent=ctx, resilient_parsing=True)
         for p in cmd.get_params(sub):
             record = p.get_help_record(sub)
             if record is None or not isinstance(p, click.Option):

@@ -4,7 +4,7 @@ Contract: `Settings` holds what the oracle needs, in the groups a reader looks f
 - `model`: what is loaded (target, head, dtype, placement, quantized matmuls, the head's training accuracy);
 - `speculation`: how drafts are made and verified (steps, topk, draft tokens, aux layers and their
   convention, embedding table, positions);
-- `decoding`: how tokens are chosen (the seed; greedy is the only rule so far);
+- `decoding`: how tokens are chosen (greedy at temperature 0, else sampling under an engine's rule; the seed);
 - `workload`: which prompts, how they are rendered, how long each decode runs;
 - `output`: where results go (folder, resume, overwrite).
 Each command adds its own small group of options (`LoopOptions` for run, `ProfileOptions`,
@@ -118,9 +118,10 @@ def opt(default, help: str, *, choices=None, parse=None, flag: str | None = None
     """A settings field with everything the CLI, --config files and the docs need.
 
     parse: text -> value for fields that are not plain int/float/str/bool (lists); flag: the option's
-    name when it is not --field-name; secondary: the off switch of a three-state boolean
-    (--enable-thinking/--disable-thinking); input_path: a file or folder the run reads (the output folder
-    records its contents); resumable: may differ when a run is resumed; cli: False for API-only fields.
+    name when it is not --field-name; secondary: a boolean's off switch when it is not --no-NAME
+    (--enable-thinking/--disable-thinking, --no-chat-template/--use-chat-template); input_path: a file or
+    folder the run reads (the output folder records its contents); resumable: may differ when a run is
+    resumed; cli: False for API-only fields.
     """
     meta = {"help": help, "choices": choices, "parse": parse, "flag": flag, "show_default": show_default,
             "secondary": secondary, "metavar": metavar, "input_path": input_path, "resumable": resumable,
@@ -365,7 +366,8 @@ class WorkloadSettings(Group):
     shuffle_seed: int | None = opt(None, "Shuffle the questions (seeded) before --limit.")
     limit: int | None = opt(None, "Evaluate the first N questions only (after --categories and --shuffle-seed).",
                             resumable=True)
-    no_chat_template: bool = opt(False, "Raw text prompts even when the tokenizer has a chat template.")
+    no_chat_template: bool = opt(False, "Raw text prompts even when the tokenizer has a chat template.",
+                                 secondary="--use-chat-template")
     chat_template: str | None = opt(None, "Jinja chat template FILE instead of the tokenizer's.", input_path=True)
     system_prompt: str | None = opt(None, "System message put before every conversation.")
     enable_thinking: bool | None = opt(None, "Pass enable_thinking=True/False to the chat template (default: not "

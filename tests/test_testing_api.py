@@ -1,6 +1,8 @@
 """eagle_eval.testing (the public name of eagle_eval.servers.testing): the oracle as a server test suite would use it, with readable failures."""
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import requests
@@ -107,3 +109,58 @@ def test_a_server_test_suite_against_sglang(models, oracle, prompts):
                     assert_same_tokens(exp, out["output_ids"])        # a wiring fault never changes tokens
                     with pytest.raises(AssertionError, match=f"prompt '{p.id}': spec_accept_length"):
                         assert_sglang_response(exp, out)
+
+
+pytest_plugins = ["pytester"]
+
+
+def _docstring_example() -> str:
+    """The code of eagle_eval.servers.testing's example, as its docstring shows it (indent removed)."""
+    import textwrap
+
+    import eagle_eval.servers.testing as module
+
+    doc = module.__doc__
+    start = doc.index("    import pytest")
+    return textwrap.dedent(doc[start:])
+
+
+def test_the_docstring_example_runs_as_written_against_the_sglang_stand_in(pytester, monkeypatch):
+    """The module's example, unchanged, is a passing test of a server that serves the bundled pair (the SGLang
+    stand-in); before, its prompt ids [1, 15043, 29892] were outside the bundled vocabulary (929) and the
+    example ended in an IndexError inside the embedding, and it used `requests` without importing it."""
+    example = _docstring_example()
+    assert "from eagle_eval.testing import" in example and "def test_" in example
+    pytester.makepyfile(test_example=example)
+    pytester.makeconftest('''
+import pytest
+from fake_servers import Engine, serve
+
+from eagle_eval import api
+from eagle_eval.settings import BUNDLED_DRAFT, BUNDLED_TARGET, Settings
+
+
+@pytest.fixture(scope="session")
+def sglang_url():
+    served = api.load_oracle(Settings.of(target=str(BUNDLED_TARGET), draft=str(BUNDLED_DRAFT), num_steps=3,
+                                         max_new_tokens=32))
+    with serve(Engine(served, "sglang")) as url:
+        yield url
+''')
+    # in a process of its own: an in-process run would unload the torch modules it imported (pytester's
+    # sys.modules snapshot), which torch cannot import twice
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=1)
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused_naming_the_prompt_and_token(oracle):
+    from eagle_eval.workload.data import DataError
+
+    vocab = oracle.oracle.limits()[0]
+    with pytest.raises(DataError, match=rf"prompt id 'hello': token id 15043 is outside the target's vocabulary "
+                                        rf"0\.\.{vocab - 1}"):
+        oracle.expected([1, 15043, 29892], id="hello")
+    with pytest.raises(DataError, match="prompt id 'neg': token id -1"):
+        oracle.expected([1, -1], id="neg")

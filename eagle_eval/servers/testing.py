@@ -4,18 +4,25 @@ Contract: build the oracle ONCE for a target + head, ask it what a correct serve
 prompts at temperature 0 (output tokens and acceptance under each engine's definition), and assert
 with messages that name the prompt, the position, both tokens, the target's logit margin and the
 numbers behind an acceptance figure. Nothing here talks to a server: the test sends the request.
+A prompt is text (the target's tokenizer renders it) or token ids of the target's vocabulary (others are
+refused naming the prompt and the token). The example below runs as written against a server with the
+bundled pair (tests/test_testing_api.py runs it against the SGLang stand-in); `sglang_url` is the server
+suite's own fixture.
 
     import pytest
-    from eagle_eval.testing import EagleOracle, assert_same_tokens, assert_accept_length_close
+    import requests
+
+    from eagle_eval.settings import BUNDLED_DRAFT, BUNDLED_TARGET
+    from eagle_eval.testing import EagleOracle, assert_accept_length_close, assert_same_tokens
 
     @pytest.fixture(scope="session")
-    def oracle():
-        return EagleOracle.from_paths("/models/target", "/models/eagle3-head", num_steps=3, max_new_tokens=64)
+    def oracle():        # your target and head: folders or Hugging Face model ids; here the bundled pair
+        return EagleOracle.from_paths(BUNDLED_TARGET, BUNDLED_DRAFT, num_steps=3, max_new_tokens=32)
 
     def test_eagle3_greedy(oracle, sglang_url):
-        expected = oracle.expected([1, 15043, 29892], id="hello")
+        expected = oracle.expected("Count from one to ten.", id="count")
         out = requests.post(f"{sglang_url}/generate", json={"input_ids": expected.prompt_ids,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 64}}).json()
+            "sampling_params": {"temperature": 0, "max_new_tokens": 32}}).json()
         assert_same_tokens(expected, out["output_ids"])
         assert_accept_length_close(expected, out["meta_info"]["spec_accept_length"], rel=0.05)
 """
@@ -115,15 +122,20 @@ class EagleOracle:
         return self.oracle.tokenizer
 
     def expected(self, prompt, id: str | None = None, max_new_tokens: int | None = None) -> Expected:
-        """prompt: token ids, or text (tokenized with the target's tokenizer, special tokens added)."""
+        """prompt: token ids of the target's vocabulary, or text (tokenized with the target's tokenizer, special
+        tokens added). Ids outside the vocabulary, or a prompt too long for the target, are refused
+        (workload.data.DataError) naming the prompt."""
         from eagle_eval.results.records import Prompt
+        from eagle_eval.workload.data import check_prompts
 
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(i) for i in prompt]
         oracle = self.oracle
         if max_new_tokens is not None and max_new_tokens != oracle.settings.workload.max_new_tokens:
             oracle = oracle.with_(max_new_tokens=max_new_tokens)
         pid = id if id is not None else f"prompt[{len(ids)} tokens]"
-        rec = oracle.decode(Prompt(id=pid, category="testing", input_ids=ids), check_lossless=False)
+        asked = Prompt(id=pid, category="testing", input_ids=ids)
+        check_prompts([asked], oracle.limits(), "EagleOracle.expected")
+        rec = oracle.decode(asked, check_lossless=False)
         return Expected(id=pid, prompt_ids=ids, output_ids=list(rec.output_ids),
                         accepted_per_cycle=list(rec.accepted_per_cycle), num_steps=oracle.resolved.num_steps,
                         oracle=self)
