@@ -288,7 +288,7 @@ def test_moe_experts_fall_back_to_eager_when_the_fast_kernel_fails(tmp_path, mon
     expected = [eager.decode(p).output_ids for p in prompts]
 
     monkeypatch.setitem(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, "grouped_mm", fails)
-    with pytest.raises(RuntimeError, match="cutlass"):                        # what a run met before the probe
+    with pytest.raises(Exception, match="RuntimeError: cutlass cannot initialize"):   # a run met it before the probe
         fast.decode(prompts[0])
     slow = api.load_oracle(cfg)
     experts = slow.resolved.target.experts
