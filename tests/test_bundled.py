@@ -41,6 +41,18 @@ def test_bundled_run_is_a_meaningful_example(run_dir):
     assert report["config"]["vocab_map"]["d2t"] == "checkpoint" and not report["config"]["vocab_map"]["d2t_identity"]
 
 
+def test_the_main_job_quoted_in_the_docs_is_this_run(run_dir):
+    """The README's and docs/run.md's figures of the main job come from benchmarks/results/cpu_bundled_default.json
+    (benchmarks/tables.py): its tau, losslessness and rates are what `eagle-eval run --check-lossless` gives."""
+    quoted = json.loads((REPO_ROOT / "benchmarks" / "results" / "cpu_bundled_default.json").read_text())
+    report = json.loads((run_dir / "report.json").read_text())
+    s = report["summary"]
+    assert round(s["accept_length"], 3) == quoted["accept_length"]
+    assert s["prompts"] == quoted["prompts"] and s["lossless"] is True and s["lossless_checked"] == quoted["lossless_prompts"]
+    assert [round(p["conditional_rate"], 3) for p in report["per_position"]] == quoted["conditional_rates"]
+    assert [round(p["unconditional_rate"], 3) for p in report["per_position"]] == quoted["unconditional_rates"]
+
+
 def test_bundled_target_output_is_varied_text(run_dir):
     rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     outputs = [tuple(r["output_ids"]) for r in rows]
