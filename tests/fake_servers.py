@@ -1,6 +1,11 @@
 """A local HTTP server (127.0.0.1 only) that speaks SGLang's or vLLM's wire format, backed by an
 eagle_eval oracle, with switchable faults. Started and stopped by the tests through `serve()`.
 
+A stand-in, not an engine: it answers with its oracle's tokens and counts in the engine's format. Served
+with the check's own oracle it is the oracle compared with itself over that wire, which tests how
+server-check reads and judges the wire (and catches the faults planted here), never whether eagle-eval
+agrees with SGLang or vLLM themselves (tests/test_real_vllm*.py run the real vLLM; SGLang is never run).
+
 Faults that change the decoding itself are injected by building the server's oracle from a changed
 settings (see test_server_check.py); the faults here change what goes over the wire:
 

@@ -1,8 +1,13 @@
-"""server-check against local fake SGLang / vLLM servers (127.0.0.1 only) backed by the oracle.
+"""server-check over SGLang's and vLLM's wire formats, against local stand-in servers (127.0.0.1 only,
+tests/fake_servers.py) that serve an eagle_eval oracle.
 
-The faithful server must agree; each injected fault must be caught, and for the wiring faults the
-hypothesis matching must name the fault that was injected. The faulty servers' oracles are built from
-changed settings (not through the hypotheses' own variant code), so naming the fault is a real test.
+What this shows is the wire and the judgement, not agreement with an engine: a stand-in serving the check's own
+oracle answers with exactly the oracle's tokens and counts, so its agreeing says that server-check reads each
+engine's fields, per-request metrics, settings and logs right, and nothing about SGLang's or vLLM's own
+decoding (SGLang never runs in these tests; the real vLLM does in tests/test_real_vllm*.py). Each injected
+fault must be caught, and for the wiring faults the hypothesis matching must name the fault that was injected.
+The faulty stand-ins' oracles are built from changed settings (not through the hypotheses' own variant code),
+so naming the fault is a real test of the hypotheses.
 """
 
 import json
@@ -73,7 +78,7 @@ def _cli(run_config, *args):
 
 
 @pytest.mark.parametrize("backend", ["sglang", "vllm"])
-def test_faithful_server_agrees(run_config, checker, server_oracle, backend):
+def test_the_oracle_served_over_each_wire_agrees_with_itself(run_config, checker, server_oracle, backend):
     with serve(Engine(server_oracle(), backend)) as url:
         result = _check(run_config, checker, url, backend)
     r = result.report
@@ -97,7 +102,7 @@ MODELLED = [f for f in WIRING_FAULTS if f != "unmodelled_taps"]
 
 @pytest.mark.parametrize("backend, fault", [("sglang", f) for f in MODELLED] +
                          [("vllm", "aux_hf_plus_1"), ("vllm", "position_offset")])
-def test_wiring_fault_is_caught_and_named(run_config, checker, server_oracle, backend, fault):
+def test_a_stand_in_with_a_wiring_fault_is_caught_and_named(run_config, checker, server_oracle, backend, fault):
     with serve(Engine(server_oracle(fault), backend)) as url:
         result = _check(run_config, checker, url, backend)
     r = result.report

@@ -1,7 +1,12 @@
-"""server-check at temperature > 0 against the stand-in servers (tests/fake_servers.py sampling with each engine's
-rule): faithful servers agree (their answers are samples of the target, their per-step counts those re-drafted
-along their own answers); a server whose tokens are not samples of the target, and one whose residual keeps the
-rejected draft, are caught and named. The real vLLM CPU build is tests/test_real_vllm.py."""
+"""server-check at temperature > 0 over the wire, against stand-in servers (tests/fake_servers.py) that sample
+with each engine's rule from an eagle_eval oracle.
+
+A stand-in serving the check's own oracle is the oracle compared with itself behind an engine's wire format:
+its agreeing shows the check reads and judges that wire (samples of the target, per-step counts re-drafted
+along its own answers, the expectation along them), not that SGLang or vLLM sample that way. What the check
+must catch is planted in a stand-in: tokens that are not samples of the target, a residual that keeps the
+rejected draft, a wiring fault (the stand-in's oracle tapping other layers). The real vLLM CPU build is
+tests/test_real_vllm.py."""
 
 import pytest
 from fake_servers import Engine, serve
@@ -32,7 +37,7 @@ def _check(oracle, backend, fault=None, rule=None, per_request="detailed", serve
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
-def test_a_faithful_sampling_server_agrees(oracle, backend):
+def test_the_oracle_sampling_over_each_wire_agrees_with_itself(oracle, backend):
     """At T = 2 (top-p 0.95) the bundled target's p is spread (sampled mass 0.35): its 8 x 48 tokens are enough
     for the distribution check to see a server halfway to greedy. At T = 0.9 it is nearly one-hot (0.02), and
     the same tokens are undecided (results/distribution.py: the departure the settings imply)."""
@@ -92,9 +97,10 @@ def test_sampled_drafts_a_wiring_fault_is_caught_by_the_expected_acceptance_alon
 
 
 @pytest.mark.slow
-def test_one_hot_rules_the_expected_acceptance_agrees_with_the_exact_counts(oracle):
-    """Under vLLM's default rule a faithful server's counts are exact per request, and their sum lies where the
-    expectation along its answers says; the wiring fault is far outside it."""
+def test_one_hot_rules_the_oracle_over_the_wire_meets_its_expectation_and_a_wiring_fault_does_not(oracle):
+    """Under vLLM's default rule the oracle over vLLM's wire (a stand-in serving the check's own oracle) has counts
+    exact per request, whose sum lies where the expectation along its answers says; a stand-in with a wiring
+    fault is far outside it."""
     good = _check(oracle, "vllm", temperature=0.9)
     assert good.report["expectation"]["verdict"] == "consistent" and good.report["verdict"] == "undecided"
     # undecided only because 8 x 48 tokens at T = 0.9 are too few for the distribution check's power

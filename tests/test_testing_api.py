@@ -92,8 +92,9 @@ def test_acceptance_assertions(oracle, prompts):
         assert_mean_accept_length_close(many, [1.0, 1.0, 1.0])
 
 
-def test_a_server_test_suite_against_sglang(models, oracle, prompts):
-    """How an engine's own CI would use the oracle: send, then assert."""
+def test_a_server_test_suite_against_the_oracle_over_sglangs_wire(models, oracle, prompts):
+    """How an engine's own CI would use the oracle: send, then assert. The server is a stand-in serving an oracle
+    over SGLang's wire (tests/fake_servers.py): this tests the assertions and the wire, not SGLang."""
     cfg = Settings.of(target=str(models["target"]), draft=str(models["head"]), num_steps=NUM_STEPS,
                     max_new_tokens=NEW_TOKENS)
     for wiring, ok in (({}, True), ({"aux_layers": (1, 3, 4), "aux_convention": "hf"}, False)):
