@@ -157,6 +157,26 @@ def batched() -> str:
             + sources(SPEED))
 
 
+BATCHED_SAMPLING = "h100_batched_sampling.json"
+
+
+def batched_sampling() -> str:
+    """The batched loop at T = 0.7 beside greedy, B = 1, 16, 64 (issue 41), and the MoE target's capture."""
+    d = load(BATCHED_SAMPLING)
+    runs = {(r["B"], r["cuda_graphs"], r["temperature"]): r for r in d["8b"]["runs"]}
+    rows = []
+    for b in sorted({r["B"] for r in d["8b"]["runs"]}):
+        cells = [runs.get((b, g, t)) for g, t in ((True, 0.0), (False, 0.0), (False, 0.7))]
+        rows.append([b] + [f"{num(c['tokens_per_s'], 0)} ({num(c['ms_per_cycle'])} ms/cycle)" if c else "-"
+                           for c in cells])
+    moe = d.get("deepseek_moe", {})
+    return (table(["B", "T = 0, CUDA graph", "T = 0, eager", "T = 0.7 (vllm rule), eager"], rows)
+            + f"\n\nTokens/s end to end (prefill included), 8B shape, {d['8b']['num_steps']} draft steps, "
+              f"{d['8b']['new_tokens']} new tokens per prompt. The DeepSeek-V3-width MoE target in the same run kept "
+              f"experts_implementation {moe.get('experts', {}).get('implementation')!r} after its probe; its "
+              f"capture blocker: \"{moe.get('capture_blocker')}\". " + sources(BATCHED_SAMPLING))
+
+
 def prefill() -> str:
     d = load(SPEED)
     a, b = d["8b"]["prefill"], d["deepseek"]["prefill"]
@@ -595,7 +615,7 @@ def headline() -> str:
 
 BLOCKS = {
     "profile-step": profile_step, "loop-cycle": loop_cycle, "batched": batched, "prefill": prefill,
-    "deepseek-split": deepseek_split, "loop-overhead": loop_overhead, "deepseek-shape": deepseek_shape,
+    "batched-sampling": batched_sampling, "deepseek-split": deepseek_split, "loop-overhead": loop_overhead, "deepseek-shape": deepseek_shape,
     "deepseek-fp8": deepseek_fp8, "fp8-dequant": fp8_dequant, "tree-verify": tree_verify,
     "profile-vs-loop": profile_vs_loop, "test-suite": test_suite,
     "int4-load": int4_load, "offload": offload, "int4-kimi": int4_kimi,
