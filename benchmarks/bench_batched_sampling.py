@@ -31,9 +31,9 @@ import bench_deepseek  # noqa: E402
 import bench_gpu  # noqa: E402
 from bench_gpu import sync  # noqa: E402
 
-from eagle_eval.speculative.batched import batched_decode  # noqa: E402
-from eagle_eval.speculative.graphed import capture_blockers  # noqa: E402
-from eagle_eval.speculative.sampling import prompt_generator  # noqa: E402
+from eagle_eval.loop.batched import batched_decode  # noqa: E402
+from eagle_eval.loop.graphed import capture_blockers  # noqa: E402
+from eagle_eval.rules.filters import prompt_generator  # noqa: E402
 
 
 def one_run(oracle, prompts, num_steps, new, batch, graphs, temperature):

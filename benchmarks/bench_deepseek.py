@@ -48,9 +48,9 @@ from bench_gpu import bench_loop, sync, timed  # noqa: E402
 from quant_fixtures import fp8_block_quantize  # noqa: E402
 
 from eagle_eval.api import Oracle  # noqa: E402
-from eagle_eval.models.heads.io import vocab_map_from_used  # noqa: E402
-from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig  # noqa: E402
-from eagle_eval.speculative.profile import greedy_continuations  # noqa: E402
+from eagle_eval.heads.io import vocab_map_from_used  # noqa: E402
+from eagle_eval.heads.eagle3.layer import Eagle3Head, HeadConfig  # noqa: E402
+from eagle_eval.profile.teacher_forced import greedy_continuations  # noqa: E402
 
 # DeepSeek-V3 / Kimi-K2 widths (config.json of deepseek-ai/DeepSeek-V3); layers cut to fit one GPU
 FULL = dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256,
@@ -155,7 +155,7 @@ def bench_forward(oracle, vocab: int, tokens: int, seq: int) -> dict:
 
 def bench_profile_step(oracle, prompts, max_steps: int, max_new: int) -> dict:
     """The profile step alone (every num_steps <= max_steps at once) vs a plain forward of the same batch."""
-    from eagle_eval.speculative import profile as prof
+    from eagle_eval.profile import teacher_forced as prof
 
     spec = oracle.speculator
     conts = greedy_continuations(spec, prompts, max_new + max_steps, 0, 1 << 30)
@@ -229,7 +229,7 @@ def fp8_section(model, head, prompts, args, bf16: dict) -> dict:
         import copy
         import gc
 
-        from eagle_eval.speculative.chain import speculative_decode
+        from eagle_eval.loop.reference import speculative_decode
 
         gc.collect()                # the dequantizing forwards are bound methods: module <-> method cycles
         torch.cuda.empty_cache() if torch.cuda.is_available() else None

@@ -33,17 +33,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle_eval.api import profile_prompts  # noqa: E402
-from eagle_eval.models.heads.io import vocab_map_from_used  # noqa: E402
-from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig  # noqa: E402
+from eagle_eval.heads.io import vocab_map_from_used  # noqa: E402
+from eagle_eval.heads.eagle3.layer import Eagle3Head, HeadConfig  # noqa: E402
 from eagle_eval.oracle import oracle_from_models  # noqa: E402
-from eagle_eval.results.records import Prompt  # noqa: E402
+from eagle_eval.records import Prompt  # noqa: E402
 from eagle_eval.settings import ProfileOptions, Settings  # noqa: E402
-from eagle_eval.speculative import chain  # noqa: E402
-from eagle_eval.speculative.draft import DraftState  # noqa: E402
-from eagle_eval.speculative.greedy import plain_greedy  # noqa: E402
-from eagle_eval.speculative.profile import greedy_continuations  # noqa: E402
-from eagle_eval.speculative.tree import select_tree  # noqa: E402
-from eagle_eval.speculative.verify import verify_chain, verify_tree  # noqa: E402
+from eagle_eval.loop import reference as chain  # noqa: E402
+from eagle_eval.loop.draft import DraftState  # noqa: E402
+from eagle_eval.loop.plain import plain_greedy  # noqa: E402
+from eagle_eval.profile.teacher_forced import greedy_continuations  # noqa: E402
+from eagle_eval.loop.tree import select_tree  # noqa: E402
+from eagle_eval.loop.verify import verify_chain, verify_tree  # noqa: E402
 
 SHAPES = {
     "8b": dict(hidden=4096, layers=32, heads=32, kv=8, inter=14336, vocab=128256, draft_vocab=32000),
@@ -155,7 +155,7 @@ def bench_profile(oracle, prompts, max_steps, max_new, loop_prompts):
     t_responses = time.perf_counter() - t0
     log("profile with responses done")
     # the profile step alone vs a plain teacher-forced forward of the same batch
-    from eagle_eval.speculative import profile as prof
+    from eagle_eval.profile import teacher_forced as prof
     need = max_new + max_steps
     conts = greedy_continuations(spec, prompts[:16], need, 0, 1 << 30)
     items = [(SimpleNamespace(id=str(i), category="", input_ids=p), c) for i, (p, c) in enumerate(zip(prompts, conts))]

@@ -137,7 +137,7 @@ def int4_section(model, held, packed: dict, packed_bytes: int, head, prompts, ar
         import copy
         import gc
 
-        from eagle_eval.speculative.chain import speculative_decode
+        from eagle_eval.loop.reference import speculative_decode
 
         gc.collect()
         torch.cuda.empty_cache() if torch.cuda.is_available() else None

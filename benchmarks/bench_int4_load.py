@@ -53,7 +53,7 @@ def write_checkpoint(folder: Path, widths: dict, layers: int) -> dict:
     from safetensors.torch import save_file
     from transformers import DeepseekV3Config
 
-    from eagle_eval.models.plan_model import _int4_entries, _linear_sites
+    from eagle_eval.plan.model import _int4_entries, _linear_sites
     from eagle_eval.models.quant.int4 import int4_scheme
     from eagle_eval.models.quant.int4_load import build_empty, hold_packed
 

@@ -46,8 +46,8 @@ def build(work: Path, shape: str) -> tuple[Path, Path]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from eagle_eval.models.heads.io import save_head
-    from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig
+    from eagle_eval.heads.io import save_head
+    from eagle_eval.heads.eagle3.layer import Eagle3Head, HeadConfig
 
     hidden, layers, heads, kv, mlp = SHAPES[shape]
     dtype = torch.bfloat16 if shape == "1b" else torch.float32

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eagle_eval import api  # noqa: E402
 from eagle_eval.commands.profile import profile_prompts  # noqa: E402
-from eagle_eval.results.records import Prompt  # noqa: E402
+from eagle_eval.records import Prompt  # noqa: E402
 from eagle_eval.settings import ProfileOptions, Settings  # noqa: E402
 
 
@@ -66,9 +66,9 @@ def pass_only(oracle, sampled, g, s, args) -> tuple[float, float]:
     """The pass alone, batch by batch, on the same continuations' batches: `profile.profile_batch` (greedy) vs
     `profile_sampled.profile_batch_sampled` (T > 0): forward, drafting, run lengths, expectations; no generation,
     no report, no re-profiling of a continuation the greedy check finds off the argmax (bf16 near-ties)."""
-    from eagle_eval.speculative import profile as prof
-    from eagle_eval.speculative.expected import PROBABILISTIC_RULES
-    from eagle_eval.speculative.profile_sampled import profile_batch_sampled, profile_batch_weighted
+    from eagle_eval.profile import teacher_forced as prof
+    from eagle_eval.rules.base import rule
+    from eagle_eval.profile.sampled import profile_batch_sampled, profile_batch_weighted
 
     spec, k, max_new = oracle.speculator, args.max_steps, oracle.settings.workload.max_new_tokens
     tok = oracle.tokenizer
@@ -80,13 +80,13 @@ def pass_only(oracle, sampled, g, s, args) -> tuple[float, float]:
     topk = oracle.resolved.topk
     shapes = None
     if topk > 1:                                     # the shapes the profile runs: the config's D per S
-        from eagle_eval.commands.profiled import tree_shapes
+        from eagle_eval.commands.profile_result import tree_shapes
 
         shapes = sorted(tree_shapes(oracle.resolved, ProfileOptions(max_steps=k))[0].items())
     t_g, t_s, _, _ = side_by_side(
         lambda: [prof.profile_batch(spec, [items_g[j] for j in b], k, max_new, pad, topk, shapes) for b in batches],
         lambda: [profile_batch_weighted(spec, [items_s[j] for j in b], k, max_new, pad, dec)
-                 if dec.accept_rule in PROBABILISTIC_RULES else
+                 if rule(dec.accept_rule).sampled_drafts else
                  profile_batch_sampled(spec, [items_s[j] for j in b], k, max_new, pad, dec, topk, shapes,
                                        floor=args.expectation_floor) for b in batches], args.reps)
     return t_g, t_s

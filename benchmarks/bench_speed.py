@@ -4,7 +4,7 @@ shapes (bench_gpu.py's Llama-3.1-8B shape, bench_deepseek.py's DeepSeek-V3 width
 
 Per shape:
   profile   the profile step (all num_steps <= max_steps from one teacher-forced pass) in tokens/s, as
-            it is now (survivor-only drafting, speculative/run_lengths.py) and as it was (the dense
+            it is now (survivor-only drafting, profile/run_lengths.py) and as it was (the dense
             all-starts unroll of every step), against a plain teacher-forced forward of the same batch;
             the parts (target forward with feature capture, drafting); both give equal run lengths
   loop      ms per cycle: the reference loop (chain.speculative_decode), the batched loop at B = 1
@@ -47,12 +47,12 @@ import bench_gpu  # noqa: E402
 from bench_gpu import sync, timed  # noqa: E402
 
 from eagle_eval.models.capture import FeatureCapture  # noqa: E402
-from eagle_eval.speculative import profile as prof  # noqa: E402
-from eagle_eval.speculative.batched import batched_decode  # noqa: E402
-from eagle_eval.speculative.chain import speculative_decode  # noqa: E402
-from eagle_eval.speculative.draft import unroll_chains  # noqa: E402
-from eagle_eval.speculative.graphed import capture_blockers  # noqa: E402
-from eagle_eval.speculative.run_lengths import chain_run_lengths  # noqa: E402
+from eagle_eval.profile import teacher_forced as prof  # noqa: E402
+from eagle_eval.loop.batched import batched_decode  # noqa: E402
+from eagle_eval.loop.reference import speculative_decode  # noqa: E402
+from eagle_eval.profile.unroll import unroll_chains  # noqa: E402
+from eagle_eval.loop.graphed import capture_blockers  # noqa: E402
+from eagle_eval.profile.run_lengths import chain_run_lengths  # noqa: E402
 
 
 def batch_ids(seqs):
@@ -203,7 +203,7 @@ def batched_section(spec, prompts, num_steps, new, graphs, sizes, prompts_for):
 def prefill_section(spec, prompts, num_steps, new, graphs, b):
     """B rows admitted one at a time (the loop before batched prefills: a budget of 1 token makes every
     prefill group one row) against together (the default budget), side by side: the same B prompts."""
-    from eagle_eval.speculative import batched
+    from eagle_eval.loop import batched
 
     out, tokens, default = {}, {}, batched.PREFILL_TOKENS
     for label, budget in (("one_row_at_a_time", 1), ("batched", default)):

@@ -1,4 +1,4 @@
-"""The cost of an input fingerprint (results/fingerprints.py): sampled (the default) vs every byte.
+"""The cost of an input fingerprint (results/input_digests.py): sampled (the default) vs every byte.
 
 Writes a synthetic checkpoint folder of safetensors shards shaped like a large target's (many tensors
 per shard), then times, side by side in one process, `fingerprint(folder)` (sampled: headers, sizes,
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--tensors", type=int, default=256)
     args = ap.parse_args()
 
-    from eagle_eval.results import fingerprints
+    from eagle_eval.results import input_digests as fingerprints
 
     with tempfile.TemporaryDirectory(prefix="eagle-eval-fp-") as tmp:
         folder = Path(tmp)

@@ -29,6 +29,7 @@ from eagle_eval.settings import (
     PlanOptions,
     ProfileOptions,
     Settings,
+    choices_of,
     field_types,
     flag_name,
     read_settings_file,
@@ -79,8 +80,8 @@ def _click_option(f, owner: type):
         decls = [f"{name}/{m.get('secondary') or '--no-' + name[2:]}"]
     elif typing.get_origin(base) is tuple and not m.get("parse"):
         kw["multiple"] = True                    # a repeatable option (--vary)
-    elif m.get("choices"):
-        kw["type"] = click.Choice([str(c) for c in m["choices"]])
+    elif choices_of(f):
+        kw["type"] = click.Choice([str(c) for c in choices_of(f)])
     elif base in (int, float):
         kw["type"] = base
     if m.get("metavar"):
@@ -95,7 +96,7 @@ def _from_cli(f, owner: type, value):
         return m["parse"](value)
     if isinstance(value, tuple) and not m.get("parse"):
         return value
-    if m.get("choices") and isinstance(value, str) and all(isinstance(c, int) for c in m["choices"]):
+    if choices_of(f) and isinstance(value, str) and all(isinstance(c, int) for c in choices_of(f)):
         return int(value)
     return value
 
@@ -209,7 +210,7 @@ def _unfinished(output_dir: str | None, resumable: bool = False) -> str | None:
 
 
 def _load_findings_text(report: dict) -> str:
-    from eagle_eval.results.findings import Finding, render_findings
+    from eagle_eval.findings import Finding, render_findings
 
     found = report["config"].get("sanity")
     if not found:
@@ -368,7 +369,7 @@ def _diagnose(kw: dict) -> None:
 
 
 def _plan(kw: dict) -> None:
-    from eagle_eval.models.plan import check_json_path, make_plan, render_plan, write_plan_json
+    from eagle_eval.plan.command import check_json_path, make_plan, render_plan, write_plan_json
 
     (_, options), _ = call(build, "plan", kw)
     if options.json_file:
@@ -425,7 +426,7 @@ def report_command(results, markdown, csv_path, plot_path):
     """Re-render saved results (report.json files or run folders) without loading a model;
     with two results, also their differences, flagging those beyond sampling noise."""
     from eagle_eval.errors import USER_ERRORS
-    from eagle_eval.results import compare
+    from eagle_eval.results import comparison as compare
 
     try:
         from eagle_eval.diagnose.run import render_diagnosis

@@ -20,12 +20,12 @@ import torch
 
 from eagle_eval.errors import stage
 from eagle_eval.models.capture import AuxLayers, engine_taps, resolve_aux_layers, sglang_deepseek_family
-from eagle_eval.models.heads.io import LoadedHead, load_head
+from eagle_eval.heads.io import LoadedHead, load_head
 from eagle_eval.models.target import Target, TargetInfo, execution_device, load_target
-from eagle_eval.results.records import Prompt, SampleRecord
+from eagle_eval.records import Prompt, SampleRecord
 from eagle_eval.settings import ConfigError, ModelSettings, Settings
-from eagle_eval.speculative.chain import Speculator, speculative_decode
-from eagle_eval.speculative.greedy import first_divergence, plain_greedy
+from eagle_eval.loop.reference import Speculator, speculative_decode
+from eagle_eval.loop.plain import first_divergence, plain_greedy
 from eagle_eval.workload.conversations import load_workload
 
 log = logging.getLogger("eagle_eval")
@@ -37,7 +37,7 @@ ACCEPT_LENGTH_DEFINITION = "mean over verify cycles of (accepted drafts + 1), bo
 
 def resolve_speculative(num_steps: int, topk: int, num_draft_tokens: int | None) -> tuple[int, list[str]]:
     """num_draft_tokens as SGLang would use it, and the warnings SGLang would log."""
-    from eagle_eval.speculative.tree import pool_size
+    from eagle_eval.loop.tree import pool_size
 
     notes = []
     if topk == 1:
@@ -109,7 +109,7 @@ class Resolved:
     position_offset: int
     train_acc: dict | None            # {"acc": [...], "source": ...}
     sanity: tuple = ()                # load-time findings (results.findings.Finding)
-    decoding: dict | None = None      # the decode policy: rule, filter order, drafts, seed (speculative/rules.py)
+    decoding: dict | None = None      # the decode policy: rule, filter order, drafts, seed (rules/base.py)
 
     @property
     def embedding_table(self) -> str:
@@ -189,7 +189,7 @@ class Oracle:
     def refuse_load_errors(self) -> None:
         """Stop (errors.CheckFailed, exit 1) when a load-time check found an error, unless --allow-load-errors."""
         from eagle_eval.errors import CheckFailed
-        from eagle_eval.results.findings import render_findings
+        from eagle_eval.findings import render_findings
 
         bad = [f for f in self.resolved.sanity if f.severity == "error"]
         if bad and not self.settings.model.allow_load_errors:
@@ -237,15 +237,15 @@ class Oracle:
         decoding = self.settings.decoding
         if decoding.greedy:
             return None
-        from eagle_eval.speculative.sampling import prompt_generator
+        from eagle_eval.rules.filters import prompt_generator
 
         return prompt_generator(decoding.seed, prompt.id, sample)
 
     def loop_mode(self, batch_size: int = 1, cuda_graphs: bool = False) -> dict:
         """Which loop `decode_many` runs: the reference loop, or the batched one (batch_size > 1, or a chain
         whose cycle can be replayed as a CUDA graph), and why graphs are not used when asked for. Every rule runs
-        batched (the policy's batched form, speculative/policy.py); a rule that draws on the host is not captured."""
-        from eagle_eval.speculative.graphed import capture_blockers
+        batched (the policy's batched form, loop/policy.py); a rule that draws on the host is not captured."""
+        from eagle_eval.loop.graphed import capture_blockers
 
         reason = "--no-cuda-graphs"
         if cuda_graphs:
@@ -259,10 +259,10 @@ class Oracle:
 
     def decode_many(self, prompts: list[Prompt], batch_size: int = 1, cuda_graphs: bool = False,
                     check_lossless: bool = False) -> list[SampleRecord]:
-        """`decode` of every prompt, `batch_size` rows verified in one forward (speculative/batched.py), the
+        """`decode` of every prompt, `batch_size` rows verified in one forward (loop/batched.py), the
         chain cycle replayed as a CUDA graph where `loop_mode` allows; the reference loop when it says so. Each
         prompt draws from its own stream, so the records equal `decode`'s whatever the batch size and order."""
-        from eagle_eval.speculative.batched import batched_decode
+        from eagle_eval.loop.batched import batched_decode
         from eagle_eval.workload.data import check_length
 
         mode = self.loop_mode(batch_size, cuda_graphs)
@@ -293,7 +293,7 @@ class Oracle:
         if not decoding.greedy:
             rec.extra["sample"] = sample
             if check_lossless:
-                from eagle_eval.speculative.lossless import cell_counts
+                from eagle_eval.rules.lossless import cell_counts
 
                 counts = cell_counts(self.speculator.target, decoding, prompt.input_ids, d.output_ids)
                 rec.extra["distribution_check"] = counts.as_dict()
@@ -338,7 +338,7 @@ def _choose_embedding(choice: str, loaded: LoadedHead, target) -> tuple[object, 
 
 def _train_acc(model: ModelSettings, head_dir) -> dict | None:
     """The head's training-time per-step accuracy: --train-acc, else the head folder's file, else None."""
-    from eagle_eval.models.training_metrics import read_train_acc
+    from eagle_eval.heads.training_metrics import read_train_acc
 
     if model.train_acc is not None:
         return {"acc": list(model.train_acc), "source": "--train-acc"}
@@ -364,13 +364,13 @@ def load_oracle(settings: Settings, like: Oracle | None = None) -> Oracle:
 
 def _decode_policy(settings: Settings, lh: LoadedHead) -> tuple[object, dict]:
     """The loop's decode policy and its echo: GREEDY at temperature 0, else the accept rule's
-    (speculative/rules.py, which refuses what the engine refuses)."""
-    from eagle_eval.speculative.policy import GREEDY
+    (rules/base.py, which refuses what the engine refuses)."""
+    from eagle_eval.loop.policy import GREEDY
 
     if settings.decoding.greedy:
         return GREEDY, {"rule": "greedy", "temperature": 0.0,
                         "filter_order": "none: argmax (temperature 0, the same under every rule)"}
-    from eagle_eval.speculative.rules import describe, policy_for
+    from eagle_eval.rules.base import describe, policy_for
 
     cfg, topk = lh.head.config, settings.speculation.topk
     return (policy_for(settings.decoding, topk, lh.path or "the draft head", cfg.draft_vocab_size, cfg.vocab_size),
@@ -379,7 +379,7 @@ def _decode_policy(settings: Settings, lh: LoadedHead) -> tuple[object, dict]:
 
 def wire(settings: Settings, loaded: Loaded) -> Oracle:
     """An oracle over already loaded weights: every setting resolved, the load-time checks run."""
-    from eagle_eval.models.checks.sanity import load_findings
+    from eagle_eval.heads.checks.sanity import load_findings
 
     spec_s, target, lh = settings.speculation, loaded.target, loaded.head
     if spec_s.topk > lh.head.config.draft_vocab_size:      # a draft step proposes its top-k of the draft vocab

@@ -29,6 +29,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from eagle_eval.errors import UserError
+from eagle_eval.registry import RULES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The bundled pair, heads, prompts and plan configs are package data: eagle_eval/bundled/ holds links to the
@@ -52,7 +53,14 @@ def bundled_missing(path) -> str | None:
             "without symbolic links); reinstall from a complete source or wheel, or name your own")
 
 EMBEDDING_CHOICES = ("auto", "target", "own")
-AUX_CONVENTIONS = ("sglang", "vllm", "hf", "boundary")    # models/capture.py CONVENTIONS
+# the aux-layer id conventions (models/capture.py `to_hf` reads them; docs/eagle3.md section 1): id k means ...
+AUX_CONVENTIONS = {
+    "sglang": "output of layer k (HF index k + 1; -1 = the embedding output): SGLang, SpecForge",
+    "vllm": "input of layer k (HF index k): vLLM, speculators, EAGLE official",
+    "hf": "output_hidden_states[k] (HF index k)",
+    "boundary": "the state after k blocks, 0..N; N = the last layer's output BEFORE the final norm, which HF's "
+                "output_hidden_states[N] is not (gpt-oss-style heads)",
+}
 DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
 FP8_MATMUL_CHOICES = ("auto", "kernel", "dequantize")     # models/quant/fp8.py
 # dataset readers (workload/datasets.py); "prompts" is the plain prompt JSONL of --prompts
@@ -111,6 +119,13 @@ def parse_bool(text, option: str) -> bool:
 
 
 # -- the field declaration ----------------------------------------------------------------------
+
+def choices_of(f) -> tuple | None:
+    """A field's choices: a tuple, or a callable giving one when asked (a registry's names: a rule registered
+    after import is a choice too)."""
+    choices = f.metadata.get("choices")
+    return tuple(choices()) if callable(choices) else choices
+
 
 def opt(default, help: str, *, choices=None, parse=None, flag: str | None = None, show_default=None,
         secondary: str | None = None, metavar: str | None = None, input_path: bool = False,
@@ -193,7 +208,7 @@ class Group:
             conformed = _conform(value, hints[f.name], flag_name(f))
             if conformed is not value:
                 object.__setattr__(self, f.name, conformed)
-            choices = f.metadata.get("choices")
+            choices = choices_of(f)
             if choices and conformed is not None and conformed not in choices:
                 raise ConfigError(f"{flag_name(f)} must be one of {', '.join(map(str, choices))}, got {conformed!r}")
         self.validate()
@@ -261,9 +276,9 @@ class SpeculationSettings(Group):
     aux_layers: tuple[int, ...] | None = opt(None, "Aux layer ids, e.g. 1,3,5 (read as --aux-convention says); "
                                              "default: the head's config, else HF[2], HF[N//2], HF[N-3].",
                                              parse=parse_ids)
-    aux_convention: str = opt("sglang", "sglang: output of layer k; vllm: input of layer k; hf: HF index; boundary: "
-                              "state after k blocks, N = last layer's output before the final norm (gpt-oss heads; "
-                              "without --aux-layers the draft config's ids are read this way).", choices=AUX_CONVENTIONS)
+    aux_convention: str = opt("sglang", "; ".join(f"{k}: {v.split(' (')[0]}" for k, v in AUX_CONVENTIONS.items())
+                              + " (boundary without --aux-layers reads the draft config's ids this way).",
+                              choices=tuple(AUX_CONVENTIONS))
     draft_embedding: str = opt("auto", "auto: the draft's own table if it has one that differs (vLLM); target: the "
                                "target's (SGLang's rule); own: the draft's.", choices=EMBEDDING_CHOICES)
     position_offset: int = opt(0, "1 reproduces SGLang's draft positions before PR #25015 (p+k+1).", choices=(0, 1))
@@ -298,7 +313,6 @@ class SpeculationSettings(Group):
                 "conversion": "num_steps = depth + 1, topk = top_k, num_draft_tokens = total_token"}
 
 
-ACCEPT_RULES = ("vllm", "vllm-probabilistic", "sglang", "sglang-rs", "eagle")
 MIN_TEMPERATURE = 1e-6
 
 
@@ -320,11 +334,9 @@ class DecodingSettings(Group):
     top_k: int = opt(0, "Keep the k most likely target tokens before sampling (0 = off).")
     top_p: float = opt(1.0, "Keep the smallest set of target tokens whose probability reaches p (1 = off).")
     min_p: float = opt(0.0, "Drop target tokens below min_p times the most likely one's probability (0 = off).")
-    accept_rule: str = opt("vllm", "How drafts are verified when sampling, engine by engine: vllm (draft argmax, "
-                           "accept d with p(d)), vllm-probabilistic (drafts sampled from the draft, min(1, p/q)), "
-                           "sglang (one coin per depth against the children's cumulative p, thresholds below), "
-                           "sglang-rs (SGLang's rejection sampling, chains), eagle (a coin per sibling, p "
-                           "renormalised). The filter order is each engine's.", choices=ACCEPT_RULES)
+    accept_rule: str = opt("vllm", "How drafts are verified when sampling, engine by engine, in that engine's "
+                           "filter order (one record per rule, eagle_eval/rules/; each rule's acceptance in "
+                           "docs/sampling.md).", choices=RULES.names)
     accept_threshold_single: float = opt(1.0, "SGLang --speculative-accept-threshold-single: a child whose target "
                                          "probability reaches it is accepted outright.")
     accept_threshold_acc: float = opt(1.0, "SGLang --speculative-accept-threshold-acc: the coin is compared with "
@@ -396,7 +408,7 @@ class OutputSettings(Group):
                           "there, unchanged, are removed).", resumable=True)
     full_fingerprint: bool = opt(False, "Fingerprint every byte of every input in the folder's owner file (default: "
                                  "files up to 64 MiB whole, larger safetensors by header, size and sampled blocks of "
-                                 "each tensor; results/fingerprints.py).", resumable=True)
+                                 "each tensor; results/input_digests.py).", resumable=True)
 
     def validate(self):
         if self.resume and not self.output_dir:
@@ -498,7 +510,7 @@ class LoopOptions(Group):
                                "e.g. SGLang thresholds below 1).",
                                resumable=True)
     batch_size: int = opt(1, "Prompts verified in one target forward, each with its own accepted length (first "
-                          "turns; speculative/batched.py); at temperature > 0 each prompt draws from its own stream, "
+                          "turns; loop/batched.py); at temperature > 0 each prompt draws from its own stream, "
                           "so the records equal batch 1's.")
     cuda_graphs: bool = opt(True, "Replay the chain cycle as a CUDA graph where it can be captured (one GPU, chains, "
                             "greedy; MoE only with experts routed on the device); else the eager loop, the reason in "
@@ -775,7 +787,7 @@ def field_default(f):
 
 @dataclass(frozen=True)
 class PlanOptions(Group):
-    """`plan`: does a target (and head) fit these GPUs? No weight is read (models/plan.py)."""
+    """`plan`: does a target (and head) fit these GPUs? No weight is read (plan/command.py)."""
     target: str | None = opt(None, "Target folder: config.json (and model.safetensors.index.json if any); no weights "
                              "are read. Or a model id (org/name): its config files from the HF cache, downloaded "
                              "unless HF_HUB_OFFLINE=1 (never its weights). Required unless --bundled-config.")

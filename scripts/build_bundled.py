@@ -19,7 +19,7 @@ writes (about 16 minutes on 2 idle CPU cores, no network, no downloaded data):
 Pipeline: corpus -> tokenizer -> target (LM training) -> greedy check of the target on the bundled
 prompts (varied, loop-free; fails loudly otherwise) -> head data (the target's own greedy answers to
 fresh training prompts, as SpecForge regenerates data) -> draft vocab (the most frequent target greedy
-tokens) -> two heads trained with training-time-test unrolling (`eagle_eval.speculative.draft.unroll_chains`) on
+tokens) -> two heads trained with training-time-test unrolling (`eagle_eval.loop.unroll.unroll_chains`) on
 cross-entropy against the target's argmax -> teacher-forced per-step accuracy on the bundled prompts
 (fails loudly if the default head's simulated tau < 2 or draft-alt does not lose at least
 MIN_ALT_DROP of it with the bug's layers).
@@ -308,8 +308,8 @@ def draft_vocab(batches: list[HeadBatch], vocab_size: int, draft_vocab_size: int
 
 # -- heads -----------------------------------------------------------------------------------------
 def build_head(target, used: torch.Tensor, spec: HeadSpec):
-    from eagle_eval.models.heads.io import vocab_map_from_used
-    from eagle_eval.models.heads.llama import Eagle3Head, HeadConfig
+    from eagle_eval.heads.io import vocab_map_from_used
+    from eagle_eval.heads.eagle3.layer import Eagle3Head, HeadConfig
 
     tc = target.config
     cfg = HeadConfig(
@@ -355,7 +355,7 @@ def step_masks(batch: HeadBatch, labels: torch.Tensor, num_steps: int) -> list[t
 def train_head(head, target, batches: list[HeadBatch], layers: tuple[int, ...], spec: HeadSpec,
                name: str) -> None:
     """Training-time test: unroll `ttt_steps` chain steps from every pair, CE vs the target argmax."""
-    from eagle_eval.speculative.draft import unroll_chains
+    from eagle_eval.profile.unroll import unroll_chains
 
     embed = target.get_input_embeddings()
     to_draft = target_to_draft(head)
@@ -397,7 +397,7 @@ def teacher_forced(head, target, batches: list[HeadBatch], layers: tuple[int, ..
     mean over start pairs of the number of leading correct steps (capped at num_steps), a chain cycle
     from every pair.
     """
-    from eagle_eval.speculative.draft import unroll_chains
+    from eagle_eval.profile.unroll import unroll_chains
 
     embed = target.get_input_embeddings()
     to_draft = target_to_draft(head)
@@ -515,7 +515,7 @@ def make_heads(target, data: HeadData, spec: HeadSpec, out: Path | None) -> dict
     """
     from dataclasses import replace
 
-    from eagle_eval.models.heads.io import save_head
+    from eagle_eval.heads.io import save_head
 
     report = {}
     for name, hf_ids in data.aux.items():

@@ -19,7 +19,7 @@ Pipeline (phase 2 is cached batch by batch under --work, so an interrupted build
      features and argmax against the capture eagle-eval's profile does (recorded);
   3. draft vocab: the V_d most frequent target argmax tokens over the training answers
      (build_bundled.draft_vocab);
-  4. training: build_bundled.train_head (training-time test with eagle_eval.draft.unroll_chains,
+  4. training: build_bundled.train_head (training-time test with eagle_eval.unroll.unroll_chains,
      `ttt_steps` chain steps from every pair, CE against the target argmax, step weights 0.8^j, bf16
      autocast, AdamW, cosine schedule); lm_head rows and the final norm start as the target's;
   5. validation: per-step teacher-forced accuracy acc_1..acc_k and simulated accept lengths on the
@@ -132,7 +132,7 @@ def round_to_bf16(head) -> None:
 
 
 def save(head, out: Path, metrics: dict) -> None:
-    from eagle_eval.models.heads.io import save_head
+    from eagle_eval.heads.io import save_head
 
     sglang_ids = [i - 1 for i in AUX_HF]
     save_head(copy.deepcopy(head).to(torch.bfloat16), out, aux_layer_ids_sglang=sglang_ids)

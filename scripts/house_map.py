@@ -27,13 +27,13 @@ COMMAND = "python scripts/house_map.py"
 
 
 def module_name(path: Path) -> str:
-    """eagle_eval/models/heads/io.py -> 'eagle_eval.models.heads.io'; a package's __init__ -> the package."""
+    """eagle_eval/heads/io.py -> 'eagle_eval.heads.io'; a package's __init__ -> the package."""
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def room_of(module: str) -> str:
-    """'eagle_eval.models.heads.io' -> 'models'; 'eagle_eval' -> ''."""
+    """'eagle_eval.heads.io' -> 'models'; 'eagle_eval' -> ''."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 

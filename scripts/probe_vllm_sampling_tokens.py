@@ -26,7 +26,7 @@ def main() -> int:
     from eagle_eval.servers.check import run_server_check
     from eagle_eval.servers.options import ServerCheckOptions
     from eagle_eval.settings import Settings
-    from eagle_eval.speculative.sampling import target_probs
+    from eagle_eval.rules.filters import target_probs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vllm_cpu_sampling_tokens.json"))

@@ -1,6 +1,6 @@
 """Training-time validation of a draft head: per-step teacher-forced accuracy and simulated accept lengths.
 
-Contract: `validation_metrics` runs the chain from every pair at once (eagle_eval.speculative.draft.unroll_chains,
+Contract: `validation_metrics` runs the chain from every pair at once (eagle_eval.loop.unroll.unroll_chains,
 the training-time-test pattern) over build_bundled `HeadBatch`es and returns integer counts plus the
 rates derived from them; `metrics_file` assembles training_metrics.json with the definitions below.
 """
@@ -38,7 +38,7 @@ def _shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
 @torch.no_grad()
 def validation_metrics(head, target, batches: list, num_steps: int) -> dict:
     """Counts and rates over `batches` (see DEFINITIONS); num_steps >= SIM_STEPS."""
-    from eagle_eval.speculative.draft import unroll_chains
+    from eagle_eval.profile.unroll import unroll_chains
 
     embed = target.get_input_embeddings()
     layers = sorted(batches[0].hidden)

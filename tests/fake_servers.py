@@ -44,8 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from eagle_eval.results.acceptance import AcceptanceCounts
-from eagle_eval.results.records import Prompt
+from eagle_eval.stats.acceptance import AcceptanceCounts
+from eagle_eval.records import Prompt
 
 # one decode at a time across ALL fake servers: servers share cached oracles (and so target models, whose
 # capture hooks are per model), and a `slow` handler may still be running after its test has ended
@@ -98,7 +98,7 @@ class Engine:
 
     def _sample(self, oracle, input_ids: list[int], sampling: dict):
         """The engine's speculative sampling (its rule, the request's filters and seed)."""
-        from eagle_eval.speculative.chain import speculative_decode
+        from eagle_eval.loop.reference import speculative_decode
 
         top_k = sampling.get("top_k") or 0
         oracle = oracle.with_(temperature=float(sampling["temperature"]), top_p=float(sampling.get("top_p", 1.0)),
@@ -209,7 +209,7 @@ def _with_wrong_residual(spec):
     not removed), so the server emits the rejected draft again now and then."""
     from dataclasses import replace
 
-    from eagle_eval.speculative.rules import VllmRule, coin
+    from eagle_eval.rules.vllm import VllmRule, coin
 
     class WrongResidual(VllmRule):
         def node(self, p, children):

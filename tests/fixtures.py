@@ -62,7 +62,7 @@ def save_with_tokenizer(model, path: Path) -> Path:
 
 
 def head_config(target_hidden: int = 48, hidden: int = 48, draft_vocab: int = VOCAB, **kw):
-    from eagle_eval.models.heads.llama import HeadConfig
+    from eagle_eval.heads.eagle3.layer import HeadConfig
 
     return HeadConfig(hidden_size=hidden, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
                       intermediate_size=64, vocab_size=VOCAB, draft_vocab_size=draft_vocab,
@@ -71,8 +71,8 @@ def head_config(target_hidden: int = 48, hidden: int = 48, draft_vocab: int = VO
 
 def make_head(path: Path, dialect: str = "specforge", seed: int = 1, aux_ids_sglang=None,
               draft_vocab: int = VOCAB, with_embedding: bool = False, **kw) -> Path:
-    from eagle_eval.models.heads.io import save_head, vocab_map_from_used
-    from eagle_eval.models.heads.llama import Eagle3Head
+    from eagle_eval.heads.io import save_head, vocab_map_from_used
+    from eagle_eval.heads.eagle3.layer import Eagle3Head
 
     torch.manual_seed(seed)
     head = Eagle3Head(head_config(draft_vocab=draft_vocab, **kw), with_embedding=with_embedding)
@@ -107,10 +107,10 @@ def train_head(target_path: Path, head_path: Path, prompts_file: Path, aux_hf=(2
     HeadConfig instead (e.g. an MLA head, written with dialect 'mla')."""
     from transformers import AutoModelForCausalLM
 
-    from eagle_eval.models.heads.io import save_head
-    from eagle_eval.models.heads.llama import Eagle3Head
-    from eagle_eval.models.heads.mla import build_head
-    from eagle_eval.speculative.draft import unroll_chains
+    from eagle_eval.heads.io import save_head
+    from eagle_eval.heads.eagle3.layer import Eagle3Head
+    from eagle_eval.heads.mla.layer import build_head
+    from eagle_eval.profile.unroll import unroll_chains
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()

@@ -2,9 +2,9 @@
 
 import pytest
 
-from eagle_eval.results.acceptance import AcceptanceCounts, speedup
-from eagle_eval.speculative.policy import greedy_accept
-from eagle_eval.results.records import SampleRecord
+from eagle_eval.stats.acceptance import AcceptanceCounts, speedup
+from eagle_eval.loop.policy import greedy_accept
+from eagle_eval.records import SampleRecord
 from eagle_eval.results.report import summarize
 
 

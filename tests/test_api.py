@@ -10,7 +10,7 @@ from eagle_eval import api
 from eagle_eval.settings import LoopOptions, ConfigError, Settings
 from eagle_eval.errors import UserError
 from eagle_eval.models.target import TargetError
-from eagle_eval.results.records import read_jsonl
+from eagle_eval.records import read_jsonl
 from eagle_eval.workload.data import DataError
 
 

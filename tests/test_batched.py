@@ -1,5 +1,5 @@
-"""Many prompts at once (speculative/batched.py), the capture fallback (speculative/graphed.py) and the
-profile's survivor-only drafting (speculative/run_lengths.py): each equals its batch-1 / dense reference
+"""Many prompts at once (loop/batched.py), the capture fallback (loop/graphed.py) and the
+profile's survivor-only drafting (profile/run_lengths.py): each equals its batch-1 / dense reference
 exactly in fp32 (tokens, accepted drafts per cycle, emitted tokens per cycle, tree fields)."""
 
 import pytest
@@ -9,14 +9,14 @@ from fixtures import make_head, make_target, write_prompts
 from eagle_eval import api
 from eagle_eval.settings import Settings
 from eagle_eval.models.capture import FeatureCapture
-from eagle_eval.models.static_cache import block_visible
-from eagle_eval.speculative.policy import greedy_accept
-from eagle_eval.speculative import batched, graphed
-from eagle_eval.speculative.batched import accept_chains, batched_decode
-from eagle_eval.speculative.chain import speculative_decode
-from eagle_eval.speculative.draft import unroll_chains
-from eagle_eval.speculative.profile import greedy_continuations, run_lengths_from_predictions
-from eagle_eval.speculative.run_lengths import SparseChains, chain_run_lengths
+from eagle_eval.loop.rows import block_visible
+from eagle_eval.loop.policy import greedy_accept
+from eagle_eval.loop import batched, graphed
+from eagle_eval.loop.batched import accept_chains, batched_decode
+from eagle_eval.loop.reference import speculative_decode
+from eagle_eval.profile.unroll import unroll_chains
+from eagle_eval.profile.teacher_forced import greedy_continuations, run_lengths_from_predictions
+from eagle_eval.profile.run_lengths import SparseChains, chain_run_lengths
 from eagle_eval.workload.conversations import load_workload
 
 

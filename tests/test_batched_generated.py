@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from torch.nn import functional as F
 
 from eagle_eval import api
-from eagle_eval.models.heads.llama import Eagle3Head
+from eagle_eval.heads.eagle3.layer import Eagle3Head
 from eagle_eval.oracle import oracle_from_models
 from eagle_eval.settings import Settings
-from eagle_eval.speculative.batched import batched_decode
-from eagle_eval.speculative.chain import speculative_decode
-from eagle_eval.speculative.sampling import prompt_generator
-from eagle_eval.speculative.tree import pool_size
+from eagle_eval.loop.batched import batched_decode
+from eagle_eval.loop.reference import speculative_decode
+from eagle_eval.rules.filters import prompt_generator
+from eagle_eval.loop.tree import pool_size
 
 EXAMPLES = int(os.environ.get("EAGLE_EVAL_EXAMPLES", "12"))
 GENERATED = settings(max_examples=EXAMPLES, deadline=None, derandomize="EAGLE_EVAL_EXAMPLES" not in os.environ,
@@ -230,7 +230,7 @@ def test_regression_a_finished_longest_row_stays_inside_its_rows(pairs):
 
 def test_room_is_checked_on_the_host_before_a_forward(pairs, monkeypatch):
     """A row that would write past its capacity stops the loop on the host, naming the row, before any write."""
-    from eagle_eval.speculative import batched
+    from eagle_eval.loop import batched
 
     oracle = pairs["copy"]
     monkeypatch.setattr(batched, "capacity_for", lambda *a: 12)          # rows too short for this workload

@@ -28,9 +28,9 @@ def test_deepseek_benchmark_shapes_run_tiny_and_the_loop_is_lossless():
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     from bench_deepseek import build, make_oracle
 
-    from eagle_eval.speculative.chain import speculative_decode
-    from eagle_eval.speculative.greedy import plain_greedy
-    from eagle_eval.speculative.profile import greedy_continuations, profile_batch, simulate_cycles
+    from eagle_eval.loop.reference import speculative_decode
+    from eagle_eval.loop.plain import plain_greedy
+    from eagle_eval.profile.teacher_forced import greedy_continuations, profile_batch, simulate_cycles
 
     model, head = build(tiny=True, layers=4, device="cpu", dtype=torch.float32)
     assert type(model).__name__ == "DeepseekV3ForCausalLM" and model.config.n_routed_experts == 8
@@ -59,8 +59,8 @@ def test_deepseek_benchmark_fp8_copy_holds_fp8_and_its_loop_is_lossless():
     from bench_deepseek import build, fp8_copy, make_oracle
 
     from eagle_eval.models.quant.fp8 import dequantize_blocks, held_fp8_modules, resolve_fp8_matmul
-    from eagle_eval.speculative.chain import speculative_decode
-    from eagle_eval.speculative.greedy import plain_greedy
+    from eagle_eval.loop.reference import speculative_decode
+    from eagle_eval.loop.plain import plain_greedy
 
     model, head = build(tiny=True, layers=4, device="cpu", dtype=torch.float32)
     fp8 = fp8_copy(model)
@@ -106,8 +106,8 @@ def test_int4_benchmark_copy_holds_packed_experts_with_the_same_weights_and_is_l
     from bench_int4 import TINY, int4_copy, make_oracle, swapped
 
     from eagle_eval.models.quant.int4 import PackedInt4Experts, PackedInt4Linear
-    from eagle_eval.speculative.chain import speculative_decode
-    from eagle_eval.speculative.greedy import plain_greedy
+    from eagle_eval.loop.reference import speculative_decode
+    from eagle_eval.loop.plain import plain_greedy
 
     saved = bench_deepseek.TINY
     bench_deepseek.TINY = TINY

@@ -1,4 +1,4 @@
-"""Every closed form of speculative/expected.py against a Monte Carlo of the engine's own verification written
+"""Every closed form of profile/expected.py against a Monte Carlo of the engine's own verification written
 here, straightforwardly, on generated cases (hypothesis, derandomized): random target distributions, sibling
 counts, chain lengths, tree shapes and SGLang thresholds (1, below 1, and a child whose p equals t_single
 exactly).
@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagle_eval.settings import DecodingSettings
-from eagle_eval.speculative.expected import (
+from eagle_eval.profile.expected import (
     chain_accept,
     chain_at_least,
     depth_at_least,

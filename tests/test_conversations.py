@@ -8,7 +8,7 @@ from fixtures import make_tokenizer
 
 from eagle_eval import api
 from eagle_eval.settings import LoopOptions, Settings
-from eagle_eval.results.records import SampleRecord, read_jsonl
+from eagle_eval.records import SampleRecord, read_jsonl
 from eagle_eval.results.report import summarize
 from eagle_eval.workload.conversations import load_workload, run_turns
 

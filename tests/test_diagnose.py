@@ -13,10 +13,10 @@ from eagle_eval import api
 from eagle_eval.cli import main
 from eagle_eval.settings import Settings
 from eagle_eval.diagnose import dumps
-from eagle_eval.diagnose.fingerprint import render_fingerprint
+from eagle_eval.diagnose.feature_prints import render_fingerprint
 from eagle_eval.diagnose.options import DiagnoseOptions
 from eagle_eval.diagnose.run import diagnose
-from eagle_eval.models.checks import sanity
+from eagle_eval.heads.checks import sanity
 
 TRAINED_HF = (3, 5, 7)                     # = SGLang ids [2, 4, 6]; the default taps are HF[2, 4, 5]
 
@@ -152,14 +152,14 @@ def test_untrained_lm_head_flagged():
 
 
 def test_trained_lm_head_not_flagged(alt):
-    from eagle_eval.models.heads.io import load_head
+    from eagle_eval.heads.io import load_head
 
     found = sanity.matrix_findings("lm_head", load_head(alt["head"]).head.lm_head.weight, 0.02)
     assert all(f.severity == "info" for f in found), found
 
 
 def test_vocab_map_checks():
-    from eagle_eval.models.heads.io import vocab_map_from_used
+    from eagle_eval.heads.io import vocab_map_from_used
 
     d2t, t2d = vocab_map_from_used(torch.tensor([3, 9, 10, 40, 77]), 96)
     assert codes(sanity.vocab_map_findings(d2t, t2d, True)) == ["vocab-map"]
@@ -175,8 +175,8 @@ def test_vocab_map_checks():
 @pytest.fixture(scope="module")
 def untrained(alt):
     """A freshly initialised head (never trained) with a reduced vocab and an all-zero d2t."""
-    from eagle_eval.models.heads.io import save_head
-    from eagle_eval.models.heads.llama import Eagle3Head
+    from eagle_eval.heads.io import save_head
+    from eagle_eval.heads.eagle3.layer import Eagle3Head
 
     torch.manual_seed(0)
     path = alt["root"] / "untrained"

@@ -1,13 +1,13 @@
-"""The distribution check's statistics (results/distribution.py) and its counting (speculative/lossless.py)."""
+"""The distribution check's statistics (stats/distribution.py) and its counting (rules/lossless.py)."""
 
 import math
 
 import pytest
 import torch
 
-from eagle_eval.results.distribution import (ALPHA, CellCounts, chi2_isf, chi2_sf, detectable_w, judge,
+from eagle_eval.stats.distribution import (ALPHA, CellCounts, chi2_isf, chi2_sf, detectable_w, judge,
                                              merged_groups, ncx2_sf)
-from eagle_eval.speculative.lossless import counts_of
+from eagle_eval.rules.lossless import counts_of
 
 
 def test_chi_square_tails_match_the_tables():
@@ -96,8 +96,8 @@ def test_a_token_at_a_filters_edge_is_listed_not_decisive():
     """The check's forward rounds differently from the loop's (bf16 above all): a token just outside top-p
     there may have been inside for the loop. Only tokens outside the loosened filters decide."""
     from eagle_eval.settings import DecodingSettings
-    from eagle_eval.speculative.lossless import relaxed
-    from eagle_eval.speculative.sampling import target_probs
+    from eagle_eval.rules.lossless import relaxed
+    from eagle_eval.rules.filters import target_probs
 
     z = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     d = DecodingSettings(temperature=1.0, top_p=0.795)         # drops ascending cumsum <= 0.205: tokens 3, 2
@@ -169,7 +169,7 @@ def test_enough_tokens_of_a_faithful_sampler_pass_and_of_a_greedy_loop_fail():
 def test_detectable_tv_is_the_least_detectable_departure_of_that_size():
     """The two-cell Pearson case by hand: pi = (0.6, 0.4), a departure of total variation d moves d from one cell
     to the other, noncentrality n d^2 (1/0.6 + 1/0.4); at d = detectable_tv it is the power's noncentrality."""
-    from eagle_eval.results.distribution import detectable_tv, noncentrality_for_power
+    from eagle_eval.stats.distribution import detectable_tv, noncentrality_for_power
 
     n, tv = 500, detectable_tv(500, [0.6, 0.4], 1)
     assert n * tv ** 2 * (1 / 0.6 + 1 / 0.4) == pytest.approx(noncentrality_for_power(1))
@@ -182,7 +182,7 @@ def test_a_rule_that_is_not_plain_sampling_by_construction_differs_whatever_the_
     """SGLang's thresholds below 1: the run's own report says its output is not plain sampling; the check says so
     and fails, even on counts a faithful sampler gives (no count could make it plain sampling)."""
     from eagle_eval.settings import DecodingSettings
-    from eagle_eval.speculative.rules import describe, not_plain_sampling
+    from eagle_eval.rules.base import describe, not_plain_sampling
 
     biased = DecodingSettings(temperature=1.0, accept_rule="sglang", accept_threshold_single=0.5)
     why = not_plain_sampling(biased)

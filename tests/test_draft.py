@@ -4,8 +4,9 @@ import pytest
 import torch
 from fixtures import head_config
 
-from eagle_eval.models.heads.llama import Eagle3Head
-from eagle_eval.speculative.draft import DraftState, unroll_chains
+from eagle_eval.heads.eagle3.layer import Eagle3Head
+from eagle_eval.loop.draft import DraftState
+from eagle_eval.profile.unroll import unroll_chains
 
 
 @pytest.mark.parametrize("position_offset", [0, 1])

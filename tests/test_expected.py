@@ -1,4 +1,4 @@
-"""The closed forms of speculative/expected.py against hand-worked values and against straightforward
+"""The closed forms of profile/expected.py against hand-worked values and against straightforward
 implementations of each engine's rule written here (the kernel's loop, the coins drawn or integrated)."""
 
 import math
@@ -9,13 +9,13 @@ import torch
 
 from eagle_eval.results.expectation import cycle_roots, cycle_starts, ratio_interval
 from eagle_eval.settings import DecodingSettings
-from eagle_eval.speculative.expected import (
+from eagle_eval.rules.base import overlap
+from eagle_eval.rules.eagle import sibling_accept as eagle_sibling_accept
+from eagle_eval.rules.sglang import sibling_accept as sglang_sibling_accept
+from eagle_eval.profile.expected import (
     chain_at_least,
     depth_at_least,
-    eagle_sibling_accept,
     first_duplicates,
-    overlap,
-    sglang_sibling_accept,
     sibling_accept,
     tree_reach,
 )

@@ -16,7 +16,7 @@ from fixtures import make_head, make_target, write_prompts
 from quant_fixtures import make_int4_target, make_kimi_int4_target
 
 from eagle_eval import api
-from eagle_eval.speculative.greedy import first_divergence
+from eagle_eval.loop.plain import first_divergence
 from eagle_eval.settings import ProfileOptions, Settings
 from eagle_eval.models.quant.int4 import PackedInt4Linear
 from eagle_eval.models.quant.int4_load import checkpoint_tensors
@@ -83,7 +83,7 @@ def test_gpu_and_cpu_placement_gives_the_all_on_gpu_tokens(built, kind):
 
 
 def test_plan_reads_the_visible_gpus(built):
-    from eagle_eval.models.plan import PlanRequest, make_plan
+    from eagle_eval.plan.command import PlanRequest, make_plan
 
     plan = make_plan(PlanRequest(target=str(built["experts"]), dtype="fp32"))
     assert len(plan.gpus) == torch.cuda.device_count() and plan.fits

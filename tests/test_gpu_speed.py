@@ -12,8 +12,8 @@ from test_batched import assert_same
 
 from eagle_eval import api
 from eagle_eval.settings import Settings
-from eagle_eval.speculative.batched import batched_decode
-from eagle_eval.speculative.chain import speculative_decode
+from eagle_eval.loop.batched import batched_decode
+from eagle_eval.loop.reference import speculative_decode
 from eagle_eval.workload.conversations import load_workload
 
 pytestmark = pytest.mark.gpu

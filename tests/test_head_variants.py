@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from eagle_eval import api
 from eagle_eval.settings import LoopOptions, ProfileOptions, Settings
-from eagle_eval.models.heads.io import CheckpointError, load_head, save_head
-from eagle_eval.models.heads.llama import DraftCache, Eagle3Head
+from eagle_eval.heads.io import CheckpointError, load_head, save_head
+from eagle_eval.heads.eagle3.layer import DraftCache, Eagle3Head
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64}
@@ -38,7 +38,7 @@ def random_head(path, dialect="specforge", seed=0, **kw):
     return path
 
 
-# -- the formulas, written out (docs/eagle3.md section 2, the variants of models/heads/config.py) -----------
+# -- the formulas, written out (docs/eagle3.md section 2, the variants of heads/eagle3/config.py) -----------
 
 def rms(x, w, eps=1e-6):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))

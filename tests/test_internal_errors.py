@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from eagle_eval import cli
 from eagle_eval.cli import main
 from eagle_eval.errors import ExitCode, InternalError, stage
-from eagle_eval.results.records import read_jsonl
+from eagle_eval.records import read_jsonl
 
 
 def _common(tiny):
@@ -91,7 +91,7 @@ def test_with_debug_the_traceback_comes_before_the_line(tiny, tmp_path, monkeypa
 
 
 def test_the_batched_loop_names_its_batch(tiny, monkeypatch):
-    import eagle_eval.speculative.batched as batched
+    import eagle_eval.loop.batched as batched
 
     _fail_on_call(monkeypatch, batched, "batched_decode", 1)
     res = CliRunner().invoke(main, ["run", *_common(tiny), "--batch-size", "2"])
@@ -101,7 +101,7 @@ def test_the_batched_loop_names_its_batch(tiny, monkeypatch):
 
 
 def test_profile_and_ablate_name_the_batch_and_the_variant(tiny, monkeypatch):
-    import eagle_eval.speculative.profile as prof
+    import eagle_eval.profile.teacher_forced as prof
 
     _fail_on_call(monkeypatch, prof, "profile_batch", 1)
     res = CliRunner().invoke(main, ["profile", *_common(tiny), "--max-steps", "2"])
@@ -117,7 +117,7 @@ def test_profile_and_ablate_name_the_batch_and_the_variant(tiny, monkeypatch):
 
 
 def test_diagnose_names_the_stage(tiny, monkeypatch):
-    import eagle_eval.speculative.profile as prof
+    import eagle_eval.profile.teacher_forced as prof
 
     _fail_on_call(monkeypatch, prof, "greedy_continuations", 1)
     res = CliRunner().invoke(main, ["diagnose", *_common(tiny), "--no-sweep", "--no-template-check"])

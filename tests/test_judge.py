@@ -3,7 +3,7 @@ judges a paired interval and says "undecided" when it straddles the tolerance.""
 
 import random
 
-from eagle_eval.servers.compare import aggregate
+from eagle_eval.servers.figures import aggregate
 from eagle_eval.servers.judge import agreement, judge_requests
 
 
@@ -60,9 +60,9 @@ def test_near_ties_pass_and_clear_token_differences_fail():
 
 def _per_cycle_row(server_cycles, oracle_cycles=(3, 0, 2, 5, 1)):
     """compare_request on one vLLM request whose server reports its accepted drafts per verify step."""
-    from eagle_eval.results.acceptance import AcceptanceCounts
-    from eagle_eval.results.records import SampleRecord
-    from eagle_eval.servers.compare import compare_request
+    from eagle_eval.stats.acceptance import AcceptanceCounts
+    from eagle_eval.records import SampleRecord
+    from eagle_eval.servers.figures import compare_request
     from eagle_eval.servers.http import ServerReply
 
     emitted = [n + 1 for n in oracle_cycles]

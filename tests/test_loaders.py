@@ -7,7 +7,7 @@ import torch
 from fixtures import make_head
 from safetensors.torch import load_file, save_file
 
-from eagle_eval.models.heads.io import CheckpointError, load_head
+from eagle_eval.heads.io import CheckpointError, load_head
 
 
 @pytest.mark.parametrize("dialect", ["specforge", "eagle", "speculators"])

@@ -7,9 +7,9 @@ from fixtures import load_prompts, make_head, make_target, write_prompts
 from eagle_eval import api
 from eagle_eval import oracle as oracle_module
 from eagle_eval.settings import LoopOptions, Settings
-from eagle_eval.speculative import chain
-from eagle_eval.speculative.draft import DraftState
-from eagle_eval.speculative.greedy import plain_greedy
+from eagle_eval.loop import reference as chain
+from eagle_eval.loop.draft import DraftState
+from eagle_eval.loop.plain import plain_greedy
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from safetensors.torch import load_file, save_file
 
 from eagle_eval import api
 from eagle_eval.settings import LoopOptions, ProfileOptions, Settings
-from eagle_eval.models.heads.config import HeadConfig, MLASettings
-from eagle_eval.models.heads.io import CheckpointError, load_head, save_head
-from eagle_eval.models.heads.llama import DraftCache
-from eagle_eval.models.heads.mla import MLAHead, deepseek_yarn, softmax_scale
+from eagle_eval.heads.eagle3.config import HeadConfig, MLASettings
+from eagle_eval.heads.io import CheckpointError, load_head, save_head
+from eagle_eval.heads.eagle3.layer import DraftCache
+from eagle_eval.heads.mla.layer import MLAHead, deepseek_yarn, softmax_scale
 
 H, HEADS, NOPE, ROPE, V_DIM, KV_RANK, Q_RANK = 48, 4, 8, 8, 12, 16, 16
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
@@ -49,7 +49,7 @@ def random_mla_head(path, seed=0, **kw):
     return path
 
 
-# -- the formulas, written out (DeepSeek-V2 paper section 2.1; the engines' MLA, see models/heads/mla.py) ----
+# -- the formulas, written out (DeepSeek-V2 paper section 2.1; the engines' MLA, see heads/mla/layer.py) ----
 
 def rms(x, w, eps=1e-6):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
@@ -384,7 +384,7 @@ def test_sglang_reads_nested_ids_per_target_family(world, tmp_path):
     say no nested list serves both versions."""
     from fixtures import make_target
 
-    from eagle_eval.models.capture import ENGINES
+    from eagle_eval.models.capture import TAP_ENGINES as ENGINES
 
     root, target, prompts, head = world
     starts_at_2 = tmp_path / "nested-2"

@@ -14,7 +14,7 @@ from eagle_eval.settings import LoopOptions, ProfileOptions, Settings
 from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.models.target import Target, TargetError, load_target
 from eagle_eval.results.report import render_table
-from eagle_eval.speculative.greedy import plain_greedy
+from eagle_eval.loop.plain import plain_greedy
 from eagle_eval.workload.data import DataError
 
 KINDS = {**TEXT_FAMILY, "kimi": "deepseek_v3"}      # multimodal kind -> the plain LM family it wraps

@@ -28,7 +28,7 @@ from eagle_eval.parallel.group import Group, Launch, ParallelError, launch_env, 
 from eagle_eval.parallel.settings import light_fingerprint, loaded_digests, settings_digests
 from eagle_eval.parallel.shard import heaviest_first, split_balanced
 from eagle_eval.parallel.turns import pending_questions
-from eagle_eval.results.records import SampleRecord
+from eagle_eval.records import SampleRecord
 
 CHILD = Path(__file__).parent / "parallel_child.py"
 MT_BENCH = str(Path(__file__).parent / "data" / "mt_bench_question.jsonl")

@@ -20,8 +20,8 @@ from safetensors import safe_open
 
 from eagle_eval.cli import main
 from eagle_eval.settings import REPO_ROOT
-from eagle_eval.models.plan import PlanRequest, make_plan
-from eagle_eval.models.plan_model import PlanError, held_meta_model
+from eagle_eval.plan.command import PlanRequest, make_plan
+from eagle_eval.plan.model import PlanError, held_meta_model
 
 DATA = REPO_ROOT / "tests" / "data" / "plan"
 H200 = ["--gpus", "8", "--gpu-memory", "141GB"]

@@ -15,9 +15,9 @@ from fixtures import make_target
 
 from eagle_eval.cli import main
 from eagle_eval.errors import ExitCode
-from eagle_eval.models import plan_model
-from eagle_eval.models.plan import PlanRequest, make_plan
-from eagle_eval.models.plan_model import PlanError
+from eagle_eval.plan import model as plan_model
+from eagle_eval.plan.command import PlanRequest, make_plan
+from eagle_eval.plan.model import PlanError
 from eagle_eval.settings import REPO_ROOT
 
 KIMI = REPO_ROOT / "tests" / "data" / "plan" / "kimi-k2.5" / "config.json"

@@ -7,8 +7,8 @@ from fixtures import load_prompts, make_target, train_head, write_prompts
 
 from eagle_eval import api
 from eagle_eval.settings import ProfileOptions, Settings
-from eagle_eval.speculative.greedy import plain_greedy
-from eagle_eval.speculative.profile import greedy_continuations
+from eagle_eval.loop.plain import plain_greedy
+from eagle_eval.profile.teacher_forced import greedy_continuations
 from eagle_eval.workload.data import DataError
 
 
@@ -103,8 +103,8 @@ def test_tree_profile_equals_tree_loop(trained, topk, draft_tokens):
 def test_tree_run_lengths_by_hand():
     import torch
 
-    from eagle_eval.speculative.draft import TreePools
-    from eagle_eval.speculative.profile import tree_run_lengths
+    from eagle_eval.profile.unroll import TreePools
+    from eagle_eval.profile.teacher_forced import tree_run_lengths
 
     # one start, K = 2, S = 2: level 1 = [10, 11]; level 2 = children of 0 -> [20, 21], of 1 -> [22, 23]
     pools = TreePools(tokens=torch.tensor([[10, 11, 20, 21, 22, 23]]),

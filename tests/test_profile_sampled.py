@@ -15,11 +15,11 @@ from eagle_eval import api
 from eagle_eval.cli import main
 from eagle_eval.commands.profile import profile_oracle
 from eagle_eval.models.capture import FeatureCapture
-from eagle_eval.models.heads.llama import DraftCache
+from eagle_eval.heads.eagle3.layer import DraftCache
 from eagle_eval.settings import ConfigError, DecodingSettings, ProfileOptions, Settings
-from eagle_eval.speculative.draft import DraftState
-from eagle_eval.speculative.sampling import draft_probs, target_probs
-from eagle_eval.speculative.tree import select_tree
+from eagle_eval.loop.draft import DraftState
+from eagle_eval.rules.filters import draft_probs, target_probs
+from eagle_eval.loop.tree import select_tree
 
 MAX_NEW = 16
 
@@ -145,7 +145,7 @@ def test_branch_nodes_shared_between_starts_read_what_their_own_would(oracle, mo
     """A start that leaves the continuation where an earlier start did, with the same drafts, reads that start's
     branch node instead of running its own: the same expectations as when every chain runs its own nodes (up
     to float rounding), with fewer target tokens."""
-    from eagle_eval.speculative import branches
+    from eagle_eval.profile import branches
 
     opts, dec = ProfileOptions(max_steps=6, expectation_floor=0.0), dict(temperature=1.5, accept_rule="vllm")
     shared = profile(oracle, opts, **dec)
@@ -162,7 +162,7 @@ def test_branch_nodes_shared_between_starts_read_what_their_own_would(oracle, mo
 def test_chains_at_one_level_share_a_node_and_ask_each_token_once():
     """Four chains of two rows: two reach the same node (row 0, context 5, no parent, token 7) asking 3 and 4,
     one asks 3 again there, one is under another parent; row 1's node has the same key but its own row."""
-    from eagle_eval.speculative.branches import shared_nodes
+    from eagle_eval.profile.branches import shared_nodes
 
     t = lambda *x: torch.tensor(x)
     branches, slot, ask_slot = shared_nodes(2, bb=t(0, 0, 0, 0, 1), token=t(7, 7, 7, 7, 7),
@@ -423,7 +423,7 @@ def full_vocab(tmp_path_factory):
 @torch.no_grad()
 @pytest.mark.parametrize("case", ["bundled, vllm-probabilistic", "full vocab, sglang-rs, top-p 0.9"])
 def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracle, full_vocab, case):
-    """The default sampled-draft estimate (speculative/weighted.py) from one continuation, at start t: P(A >= 1)
+    """The default sampled-draft estimate (profile/weighted.py) from one continuation, at start t: P(A >= 1)
     = alpha_1 exactly, and at depth 2 rho_1(x) alpha_2(x) with x the continuation's next token. Every x the
     target can emit is put after the same context here (no sampling), each x's estimate is checked against
     min(1, q_1(x) / p_1(x)) alpha_2(x) of plain forwards, and their average under p_1 against P(A >= 2) =
@@ -432,8 +432,8 @@ def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracl
     vocab can never be a draft: its estimate is 0. Its variance, summed here over the same tokens, is within
     the bound the docs give, P (1 - P). Both rules that sample drafts: vLLM's filter order on the bundled
     pair's reduced vocab, SGLang's with top-p on a full-vocab head."""
-    from eagle_eval.speculative.profile_sampled import teacher_forced
-    from eagle_eval.speculative.weighted import weighted_expectations
+    from eagle_eval.profile.sampled import teacher_forced
+    from eagle_eval.profile.weighted import weighted_expectations
 
     if case.startswith("bundled"):
         o, dec, starts = oracle, dict(temperature=1.5, accept_rule="vllm-probabilistic"), (3, 6)
@@ -477,7 +477,7 @@ def test_weighted_estimate_averages_to_the_exact_value_over_the_next_token(oracl
 def test_weighted_estimate_is_the_same_in_row_chunks(oracle, monkeypatch):
     """At an 8B vocab the target's p is taken a row or two at a time (CHUNK_ELEMENTS); one row per chunk gives
     the same estimates as the whole batch at once."""
-    from eagle_eval.speculative import weighted as weighted_module
+    from eagle_eval.profile import weighted as weighted_module
 
     dec = dict(temperature=1.0, top_p=0.9, accept_rule="vllm-probabilistic")
     whole = profile(oracle, ProfileOptions(max_steps=4), **dec)
@@ -495,7 +495,7 @@ def test_weighted_and_rollout_estimates_agree_along_the_whole_chain(oracle, monk
     every P(A >= k): per prompt, the mean over its starts of (weighted - rollouts) has mean 0, prompts being
     independent; a t statistic over 24 prompts per position, |t| < 4. The weights dropped (rho = 1) give t
     far beyond it at every k >= 2 (checked here on the same numbers)."""
-    from eagle_eval.speculative import weighted as weighted_module
+    from eagle_eval.profile import weighted as weighted_module
 
     dec = dict(temperature=1.2, accept_rule="vllm-probabilistic")
     o = oracle.with_(limit=24)
@@ -640,7 +640,7 @@ def test_ablate_takes_temperature_as_one_more_axis(oracle):
     """--temperature-grid: one profile per temperature; T = 0 rows are the greedy ablation's, T > 0 rows model
     the speedup from the conditional expectation along the sampled trajectories."""
     from eagle_eval.commands.ablate import ablate
-    from eagle_eval.results.acceptance import speedup
+    from eagle_eval.stats.acceptance import speedup
     from eagle_eval.settings import AblateOptions
 
     options = AblateOptions(max_steps=3, cost_ratio=0.1)

@@ -1,6 +1,6 @@
 """The profile at temperature > 0 against the reference loop itself, start by start: for a start t (the context
 prompt + the first t tokens of the sampled continuation, x_t the root; docs/sampling.md), the loop
-(speculative/chain.py `speculative_decode` with the rule's policy of speculative/rules.py) decodes from that
+(loop/reference.py `speculative_decode` with the rule's policy of rules/base.py) decodes from that
 context with the root forced, many times with independent random streams, and the frequencies of its first
 cycle's A >= k must hold the profile's P(A >= k) of that start (Wilson intervals). Chains under SGLang's
 thresholds below 1 (the case the product of p got wrong), an SGLang tree under the same thresholds, and an
@@ -19,9 +19,9 @@ import torch
 from eagle_eval import api
 from eagle_eval.commands.profile import profile_oracle
 from eagle_eval.settings import ProfileOptions, Settings
-from eagle_eval.speculative.chain import speculative_decode
-from eagle_eval.speculative.rules import policy_for
-from eagle_eval.speculative.sampling import prompt_generator
+from eagle_eval.loop.reference import speculative_decode
+from eagle_eval.rules.base import policy_for
+from eagle_eval.rules.filters import prompt_generator
 
 R = 2000                 # decisions per start
 Z = 4.5                  # Wilson interval: two-sided alpha 6.8e-6 per comparison (about 40 in this file)

@@ -11,12 +11,12 @@ from click.testing import CliRunner
 
 from eagle_eval import oracle as oracle_module
 from eagle_eval.cli import main
-from eagle_eval.results.compare import compare, load_result
-from eagle_eval.results.records import SampleRecord
+from eagle_eval.results.comparison import compare, load_result
+from eagle_eval.records import SampleRecord
 from eagle_eval.results.report import group_summaries, summarize
 from eagle_eval.results.tables import csv_rows, read_csv
-from eagle_eval.speculative.draft import DraftState
-from eagle_eval.speculative.greedy import plain_greedy
+from eagle_eval.loop.draft import DraftState
+from eagle_eval.loop.plain import plain_greedy
 
 DATA = Path(__file__).parent / "data"
 KEYS = ("summary", "per_position", "histogram", "by_category", "by_turn")

@@ -1,4 +1,4 @@
-"""The decode policies at temperature > 0 (speculative/rules.py) on hand-made distributions: each rule's node
+"""The decode policies at temperature > 0 (rules/base.py) on hand-made distributions: each rule's node
 decision against its closed form worked out by hand, and a toy loop whose output must be distributed exactly
 as plain sampling from the target (a chi-square test over every 3-token sequence); planted mistakes fail it."""
 
@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from eagle_eval.results.distribution import chi2_sf
+from eagle_eval.stats.distribution import chi2_sf
 from eagle_eval.settings import ConfigError, DecodingSettings
-from eagle_eval.speculative import rules
-from eagle_eval.speculative.policy import GREEDY
-from eagle_eval.speculative.tree import Tree
+from eagle_eval.registry import RULES
+from eagle_eval.rules import base as rules
+from eagle_eval.loop.policy import GREEDY
+from eagle_eval.loop.tree import Tree
 
 # a bigram target P[prev] and a bigram draft Q[prev] over 4 tokens; the draft's argmax differs from the
 # target's in rows 0 and 2, so drafts are rejected often and every residual matters
@@ -32,7 +33,7 @@ def _decoding(rule, **kw):
 
 
 def _policy(rule, seed=0, **kw):
-    return rules.RULES[rule](_decoding(rule, **kw)).start(torch.Generator().manual_seed(seed), torch.arange(4))
+    return RULES.get(rule).policy(_decoding(rule, **kw)).start(torch.Generator().manual_seed(seed), torch.arange(4))
 
 
 def _tree(root: int) -> Tree:
@@ -197,13 +198,13 @@ def test_sampled_drafts_accept_the_first_with_the_overlap():
         assert abs(hits / runs - overlap) < 5 * math.sqrt(overlap * (1 - overlap) / runs)
 
 
-@pytest.mark.parametrize("rule", list(rules.RULES))
+@pytest.mark.parametrize("rule", RULES.names())
 def test_temperature_zero_is_greedy_under_every_rule(rule):
     """The rule itself at T = 0 (p and q one-hot): argmax drafts, prefix acceptance, argmax bonus."""
     logits = torch.full((3, 6), -1.0)
     for row, best in enumerate([5, 2, 4]):
         logits[row, best] = 1.0
-    policy = rules.RULES[rule](DecodingSettings(temperature=0.0, accept_rule=rule)).start(
+    policy = RULES.get(rule).policy(DecodingSettings(temperature=0.0, accept_rule=rule)).start(
         torch.Generator().manual_seed(0), torch.arange(6))
     for target_rows, expected in (([0, 1, 2], (2, 4)), ([0, 2, 1], (1, 4)), ([1, 0, 0], (0, 2))):
         for _ in range(10):

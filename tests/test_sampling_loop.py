@@ -16,11 +16,10 @@ from fixtures import load_prompts, make_head, make_target, write_prompts
 from eagle_eval import api
 from eagle_eval.cli import main
 from eagle_eval.commands.run import evaluate
-from eagle_eval.results.distribution import CellCounts, judge
+from eagle_eval.stats.distribution import CellCounts, judge
 from eagle_eval.settings import ConfigError, DecodingSettings, LoopOptions, Settings
-from eagle_eval.speculative import rules
-from eagle_eval.speculative.chain import speculative_decode
-from eagle_eval.speculative.sampling import FILTER_ORDER
+from eagle_eval.registry import RULES
+from eagle_eval.loop.reference import speculative_decode
 
 CHAINS = [("vllm", 1, None), ("vllm-probabilistic", 1, None), ("sglang-rs", 1, None), ("sglang", 1, None),
           ("eagle", 1, None)]
@@ -55,7 +54,7 @@ def test_temperature_to_zero_is_the_greedy_loop(greedy, rule, topk, d):
     oracle, prompts = greedy
     plain = _rule(oracle, rule, topk, d)
     near_zero = _rule(oracle, rule, topk, d, temperature=1e-6)
-    at_zero = replace(plain.speculator, policy=rules.RULES[rule](DecodingSettings(temperature=0.0, accept_rule=rule)))
+    at_zero = replace(plain.speculator, policy=RULES.get(rule).policy(DecodingSettings(temperature=0.0, accept_rule=rule)))
     r = plain.resolved
     for p in prompts[:3]:
         want = plain.decode(p)
@@ -203,14 +202,14 @@ def test_the_report_echoes_the_rule_its_filter_order_and_the_seed(pair, tmp_path
     out = _run(pair, tmp_path / "r", seed=5, rule="sglang")
     report = json.loads((out / "report.json").read_text())
     dec = report["config"]["decoding"]
-    assert dec["rule"] == "sglang" and dec["filter_order"] == FILTER_ORDER["sglang"] and dec["seed"] == 5
+    assert dec["rule"] == "sglang" and dec["filter_order"] == RULES.get("sglang").filter_order and dec["seed"] == 5
     assert dec["temperature"] == 0.8 and dec["top_p"] == 0.9 and dec["thresholds"] == {"single": 1.0, "acc": 1.0}
     assert "tree" in dec["drafts"] and "plain sampling" in dec["output"]
     assert report["provenance"]["seed"] == 5 and report["config"]["accept_rule"] == "sglang"
     assert report["summary"]["distribution_check"]["samples_checked"] == 6
     from eagle_eval.results.report import render_table
     text = render_table(report)
-    assert "rule sglang (thresholds single 1, acc 1); seed 5" in text and FILTER_ORDER["sglang"] in text
+    assert "rule sglang (thresholds single 1, acc 1); seed 5" in text and RULES.get("sglang").filter_order in text
     greedy_cfg = api.load_oracle(Settings.of(target=str(pair["target"]), draft=str(pair["head"]))).resolved.as_dict()
     assert greedy_cfg["decoding"]["rule"] == "greedy"
 

@@ -1,10 +1,10 @@
-"""The target's distribution at temperature > 0, in each engine's filter order (speculative/sampling.py)."""
+"""The target's distribution at temperature > 0, in each engine's filter order (rules/filters.py)."""
 
 import pytest
 import torch
 
 from eagle_eval.settings import DecodingSettings
-from eagle_eval.speculative.sampling import draft_probs, target_probs
+from eagle_eval.rules.filters import draft_probs, target_probs
 
 P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
 Z = P.log()

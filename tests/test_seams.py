@@ -3,18 +3,18 @@
 import torch
 from fixtures import make_head
 
-from eagle_eval.models.heads.io import load_head
-from eagle_eval.models.heads.protocol import DraftAttention, DraftHead
-from eagle_eval.servers.engines import ENGINES
+from eagle_eval.heads.io import load_head
+from eagle_eval.heads.protocol import DraftAttention, DraftHead
+from eagle_eval.registry import ENGINES
 from eagle_eval.servers.http import Http
 from eagle_eval.servers.options import ServerCheckOptions
-from eagle_eval.speculative.policy import GREEDY, DecodePolicy
-from eagle_eval.speculative.tree import Tree
+from eagle_eval.loop.policy import GREEDY, DecodePolicy
+from eagle_eval.loop.tree import Tree
 
 
 def test_both_head_kinds_implement_the_draft_head_protocol(tmp_path):
     from test_mla_head import mla_config
-    from eagle_eval.models.heads.mla import MLAHead
+    from eagle_eval.heads.mla.layer import MLAHead
 
     llama = load_head(make_head(tmp_path / "h")).head
     mla = MLAHead(mla_config())
@@ -35,11 +35,11 @@ def test_the_greedy_policy_is_every_engines_temperature_zero_rule():
 
 
 def test_every_engine_is_one_complete_record():
-    for name, engine in ENGINES.items():
+    for name, engine in zip(ENGINES.names(), ENGINES.records()):
         assert engine.name == name and engine.taps and engine.num_steps_setting
         opts = ServerCheckOptions(backend=name, url="http://127.0.0.1:1")
         client = engine.make_client(Http("http://127.0.0.1:1", 1.0, 0), opts)
         assert hasattr(client, "generate") and hasattr(client, "settings")
     # each engine's figure is its own (no engine is treated as another)
-    assert ENGINES["sglang"].figure_counts(12, 4, 7) == (12, 4)
-    assert ENGINES["vllm"].figure_counts(12, 4, 7) == (11, 4)
+    assert ENGINES.get("sglang").figure_counts(12, 4, 7) == (12, 4)
+    assert ENGINES.get("vllm").figure_counts(12, 4, 7) == (11, 4)

@@ -40,7 +40,7 @@ def _check(oracle, backend, fault=None, rule=None, per_request="detailed", serve
 def test_the_oracle_sampling_over_each_wire_agrees_with_itself(oracle, backend):
     """At T = 2 (top-p 0.95) the bundled target's p is spread (sampled mass 0.35): its 8 x 48 tokens are enough
     for the distribution check to see a server halfway to greedy. At T = 0.9 it is nearly one-hot (0.02), and
-    the same tokens are undecided (results/distribution.py: the departure the settings imply)."""
+    the same tokens are undecided (stats/distribution.py: the departure the settings imply)."""
     result = _check(oracle, backend, temperature=2.0, top_p=0.95)
     r = result.report
     assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)

@@ -6,10 +6,10 @@ from fixtures import load_prompts
 
 from eagle_eval import api
 from eagle_eval.settings import ConfigError, Settings
-from eagle_eval.speculative import chain
-from eagle_eval.speculative.draft import DraftState
-from eagle_eval.speculative.greedy import plain_greedy
-from eagle_eval.speculative.tree import Pool, accept_path, pool_size, select_tree, stable_top
+from eagle_eval.loop import reference as chain
+from eagle_eval.loop.draft import DraftState
+from eagle_eval.loop.plain import plain_greedy
+from eagle_eval.loop.tree import Pool, accept_path, pool_size, select_tree, stable_top
 
 
 def test_hand_built_tree():

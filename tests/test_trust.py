@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle_eval.settings import BUNDLED_DRAFT, Settings
 from eagle_eval.errors import ExitCode
-from eagle_eval.results import findings as fnd
+from eagle_eval import findings as fnd
 
 
 def _draft(tmp_path: Path, edit=None, name: str = "draft") -> Path:
@@ -75,7 +75,7 @@ def test_a_decision_names_the_findings_that_set_it():
     ("t2d", torch.int64, "bool"),
 ])
 def test_a_tensor_stored_in_a_dtype_it_may_not_have_is_refused_at_load(tmp_path, key, dtype, said):
-    from eagle_eval.models.heads.io import CheckpointError, load_head
+    from eagle_eval.heads.io import CheckpointError, load_head
 
     def edit(t):
         t[key] = (t[key].float() * 50).to(dtype) if key not in ("d2t", "t2d") else t[key].to(dtype)
@@ -88,7 +88,7 @@ def test_a_tensor_stored_in_a_dtype_it_may_not_have_is_refused_at_load(tmp_path,
 
 
 def test_the_dtypes_a_head_may_have_load(tmp_path):
-    from eagle_eval.models.heads.io import load_head
+    from eagle_eval.heads.io import load_head
 
     def edit(t):
         t["d2t"] = t["d2t"].to(torch.int32)
@@ -101,7 +101,7 @@ def test_the_dtypes_a_head_may_have_load(tmp_path):
 
 
 def test_diagnose_never_reports_an_integer_weight_as_fp32(tmp_path):
-    from eagle_eval.models.checks.sanity import dtype_findings
+    from eagle_eval.heads.checks.sanity import dtype_findings
 
     draft = _draft(tmp_path)
     ok = dtype_findings(str(draft / "model.safetensors"), "fp32", None)
@@ -126,14 +126,14 @@ def test_diagnose_and_run_refuse_an_integer_weight_in_one_line(tmp_path, cmd):
 
 
 def _head_with(tmp_path, edit):
-    from eagle_eval.models.heads.io import load_head
+    from eagle_eval.heads.io import load_head
     return load_head(_draft(tmp_path, edit))
 
 
 @pytest.mark.parametrize("key, value", [("fc.weight", float("nan")), ("midlayer.mlp.down_proj.weight", float("inf")),
                                         ("norm.weight", float("-inf"))])
 def test_a_non_finite_draft_tensor_is_an_error_finding_naming_it(tmp_path, key, value):
-    from eagle_eval.models.checks.sanity import finite_findings
+    from eagle_eval.heads.checks.sanity import finite_findings
 
     def edit(t):
         t[key] = t[key].clone()
@@ -156,7 +156,7 @@ def _duplicate_d2t(t):
 
 @pytest.mark.parametrize("edit, code", [(_identity_d2t, "d2t-identity"), (_duplicate_d2t, "d2t-duplicates")])
 def test_a_broken_vocab_map_is_an_error_finding(tmp_path, edit, code):
-    from eagle_eval.models.checks.sanity import vocab_map_findings
+    from eagle_eval.heads.checks.sanity import vocab_map_findings
 
     loaded = _head_with(tmp_path, edit)
     found = vocab_map_findings(loaded.head.d2t, loaded.head.t2d, False)
@@ -288,7 +288,7 @@ def test_an_unreadable_input_is_one_error_naming_its_option(tmp_path, monkeypatc
     def denied(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr("eagle_eval.results.fingerprints.file_digest", lambda path, *a, **kw: denied(path))
+    monkeypatch.setattr("eagle_eval.results.input_digests.file_digest", lambda path, *a, **kw: denied(path))
     with pytest.raises(rf.RunFolderError) as caught:
         rf.open_run_folder(tmp_path / "out", "run", {}, {"draft": str(BUNDLED_DRAFT)})
     assert str(caught.value).startswith(f"--draft {BUNDLED_DRAFT}: cannot be read (permission denied")
@@ -343,7 +343,7 @@ def test_a_target_holding_only_pickles_is_refused_without_unpickling(tmp_path, n
 
 
 def test_a_file_given_as_the_target_or_the_draft_says_it_is_a_file(tmp_path):
-    from eagle_eval.models.heads.io import CheckpointError, load_head
+    from eagle_eval.heads.io import CheckpointError, load_head
     from eagle_eval.models.target import TargetError, load_target
 
     (tmp_path / "f").write_text("x")
@@ -401,7 +401,7 @@ def test_max_memory_is_refused_where_it_would_be_ignored(tmp_path):
     (lambda c: c.update(max_position_embeddings="1024"), "'max_position_embeddings'", "a positive integer"),
 ])
 def test_a_head_config_value_of_the_wrong_type_names_the_file_and_the_key(tmp_path, edit, key, expected):
-    from eagle_eval.models.heads.io import CheckpointError, load_head
+    from eagle_eval.heads.io import CheckpointError, load_head
 
     draft = _edit_config(_draft(tmp_path), edit)
     with pytest.raises(CheckpointError) as caught:
@@ -411,7 +411,7 @@ def test_a_head_config_value_of_the_wrong_type_names_the_file_and_the_key(tmp_pa
 
 
 def test_a_speculators_layer_config_of_the_wrong_type_names_its_section(tmp_path):
-    from eagle_eval.models.heads.io import CheckpointError, load_head, save_head
+    from eagle_eval.heads.io import CheckpointError, load_head, save_head
 
     save_head(load_head(BUNDLED_DRAFT).head, tmp_path / "spec", aux_layer_ids_sglang=[1, 3, 4], dialect="speculators")
     assert load_head(tmp_path / "spec").dialect == "speculators"
@@ -428,7 +428,7 @@ def test_a_speculators_layer_config_of_the_wrong_type_names_its_section(tmp_path
 def test_an_mla_head_config_value_of_the_wrong_type_names_the_key(tmp_path, changes, key):
     from test_mla_head import YARN, random_mla_head
 
-    from eagle_eval.models.heads.io import CheckpointError, load_head
+    from eagle_eval.heads.io import CheckpointError, load_head
 
     path = random_mla_head(tmp_path / "h", rope_scaling=YARN)
     _edit_config(path, lambda c: c.update(changes))
@@ -649,7 +649,7 @@ def test_report_reads_every_commands_folder(saved):
     for kind, folder in saved.items():
         result = read_result(folder)
         assert result.kind == kind and Path(result.path).name == FILES[kind]
-        from eagle_eval.results.compare import load_result
+        from eagle_eval.results.comparison import load_result
 
         res = _cli(["report", str(folder)])
         assert res.exit_code == load_result(folder).status, (kind, res.output, res.exception)   # the result's own
@@ -714,7 +714,7 @@ def test_report_on_files_it_cannot_read_is_one_line(tmp_path, saved):
 
 
 def test_report_compares_a_run_with_the_profile_at_its_num_steps(saved):
-    from eagle_eval.results.compare import comparison, load_result
+    from eagle_eval.results.comparison import comparison, load_result
 
     run, prof = load_result(saved["run"]), load_result(saved["profile"])
     text = comparison(run, prof)
@@ -726,7 +726,7 @@ def test_report_compares_a_run_with_the_profile_at_its_num_steps(saved):
 
 
 def test_report_says_why_unlike_results_are_not_compared(saved, tmp_path):
-    from eagle_eval.results.compare import comparison, load_result
+    from eagle_eval.results.comparison import comparison, load_result
 
     run, abl, diag = (load_result(saved[k]) for k in ("run", "ablation", "diagnosis"))
     for a, b in ((run, abl), (diag, run), (abl, diag)):
@@ -742,7 +742,7 @@ def test_report_says_why_unlike_results_are_not_compared(saved, tmp_path):
 
 @pytest.mark.parametrize("severity, status", [("info", 0), ("warning", 0), ("undecided", 3), ("error", 1)])
 def test_a_re_render_keeps_the_load_time_findings_and_their_exit_status(saved, tmp_path, severity, status):
-    from eagle_eval.results.compare import load_result, render_result, results_status
+    from eagle_eval.results.comparison import load_result, render_result, results_status
 
     report = json.loads((saved["run"] / "report.json").read_text())
     report["config"]["sanity"].append({"severity": severity, "code": "planted-check", "message": "planted here"})
@@ -755,7 +755,7 @@ def test_a_re_render_keeps_the_load_time_findings_and_their_exit_status(saved, t
 
 
 def test_a_run_of_a_head_with_nan_weights_fails_and_its_re_render_too(tmp_path):
-    from eagle_eval.results.compare import load_result, render_result
+    from eagle_eval.results.comparison import load_result, render_result
 
     def edit(t):
         t["fc.weight"] = t["fc.weight"].clone()
@@ -794,12 +794,12 @@ def _noisy(center: float, spread: float, n: int = 25, seed: int = 0) -> tuple:
 
 
 def _two_settings(tau_short=1.8, tau_long=2.6):
-    from eagle_eval.results.advice import Setting
+    from eagle_eval.stats.advice import Setting
     return [Setting("base num_steps=1", 1, 2, tau_short), Setting("base num_steps=3", 3, 4, tau_long)]
 
 
 def test_a_clear_winner_under_tight_timings_is_recommended():
-    from eagle_eval.results.advice import RECOMMENDED, Timings, advise
+    from eagle_eval.stats.advice import RECOMMENDED, Timings, advise
 
     t = Timings(target_ms=_noisy(10, 0.01), draft_ms=_noisy(1, 0.01, seed=1),
                 verify_ms={2: _noisy(10.5, 0.01, seed=2), 4: _noisy(11, 0.01, seed=3)})
@@ -814,7 +814,7 @@ def test_a_clear_winner_under_tight_timings_is_recommended():
 
 
 def test_timing_noise_that_can_reverse_the_order_is_undecided_naming_both():
-    from eagle_eval.results.advice import UNDECIDED, Timings, advise
+    from eagle_eval.stats.advice import UNDECIDED, Timings, advise
 
     # S_1 = 1.8 t / (d + v2) and S_3 = 2.6 t / (3 d + v4) nearly tie; 30% noise
     t = Timings(target_ms=_noisy(10, 0.3), draft_ms=_noisy(1.6, 0.3, seed=1),
@@ -829,7 +829,7 @@ def test_timing_noise_that_can_reverse_the_order_is_undecided_naming_both():
 
 
 def test_a_setting_whose_speedup_exceeds_its_accept_length_is_never_recommended():
-    from eagle_eval.results.advice import RECOMMENDED, Setting, Timings, advise
+    from eagle_eval.stats.advice import RECOMMENDED, Setting, Timings, advise
 
     # verify of 2 tokens timed faster than one target token: r = 0.5, so S = 2.0 / (0.05 + 0.5) > tau
     t = Timings(target_ms=(10.0,) * 9, draft_ms=(0.5,) * 9, verify_ms={2: (5.0,) * 9, 4: (12.0,) * 9})
@@ -844,7 +844,7 @@ def test_a_setting_whose_speedup_exceeds_its_accept_length_is_never_recommended(
 
 
 def test_given_costs_decide_without_noise_and_ties_stay_undecided():
-    from eagle_eval.results.advice import Setting, Timings, advise, settings_from_rows
+    from eagle_eval.stats.advice import Setting, Timings, advise, settings_from_rows
 
     rows = [{"variant": "base", "num_steps": k, "topk": 1, "num_draft_tokens": k + 1, "tau": tau}
             for k, tau in ((1, 1.5), (2, 1.9), (3, 2.1))]
@@ -859,7 +859,7 @@ def test_the_recommended_setting_never_exceeds_its_accept_length_for_any_timings
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from eagle_eval.results.advice import NONE, Setting, Timings, advise
+    from eagle_eval.stats.advice import NONE, Setting, Timings, advise
 
     ms = st.lists(st.floats(0.01, 100.0), min_size=1, max_size=8).map(tuple)
 
@@ -878,7 +878,7 @@ def test_the_recommended_setting_never_exceeds_its_accept_length_for_any_timings
 def test_median_interval_covers_at_the_stated_level():
     import random
 
-    from eagle_eval.results.advice import median_interval
+    from eagle_eval.stats.advice import median_interval
 
     rng, n, hits = random.Random(0), 15, 0
     for _ in range(2000):
@@ -889,7 +889,7 @@ def test_median_interval_covers_at_the_stated_level():
 
 def test_timings_repeat_until_narrow_or_the_limit(monkeypatch):
     from eagle_eval import api
-    from eagle_eval.speculative.costs import measure_timings, stop_rule
+    from eagle_eval.profile.costs import measure_timings, stop_rule
 
     spec = api.load_oracle(Settings.of(max_new_tokens=4)).speculator
 
@@ -933,7 +933,7 @@ def test_the_ablation_plot_stays_readable_with_20_variants(tmp_path):
 
 def test_the_generation_phase_reports_progress_and_the_tokens_do_not_change():
     from eagle_eval import api
-    from eagle_eval.speculative.profile import greedy_continuations
+    from eagle_eval.profile.teacher_forced import greedy_continuations
 
     spec = api.load_oracle(Settings.of(max_new_tokens=4)).speculator
     prompts = [[1, 5, 9, 12], [3, 4], [7, 8, 9, 10, 11, 12]]
@@ -956,7 +956,7 @@ def test_diagnose_shows_a_generation_bar(capsys):
 @pytest.fixture
 def sampled(monkeypatch):
     """Every file larger than 1 KiB is sampled (the bundled checkpoints are small enough to be hashed whole)."""
-    from eagle_eval.results import fingerprints
+    from eagle_eval.results import input_digests as fingerprints
     monkeypatch.setattr(fingerprints, "FULL_BELOW", 1024)
     fingerprints._cache.clear()
     return fingerprints
@@ -1086,7 +1086,7 @@ def test_a_folder_given_for_a_file_says_it_is_a_folder(tmp_path):
 
 
 def test_the_ablation_table_says_the_advice_when_it_has_one(saved):
-    from eagle_eval.results.advice import Timings, advise, settings_from_rows
+    from eagle_eval.stats.advice import Timings, advise, settings_from_rows
     from eagle_eval.results.report import render_ablation
 
     result = json.loads((saved["ablation"] / "ablation.json").read_text())
@@ -1102,7 +1102,7 @@ def test_the_ablation_table_says_the_advice_when_it_has_one(saved):
 
 
 def test_a_diagnosis_whose_exit_status_does_not_follow_from_its_findings_is_refused(saved, tmp_path):
-    from eagle_eval.results.compare import load_result
+    from eagle_eval.results.comparison import load_result
 
     data = json.loads((saved["diagnosis"] / "diagnosis.json").read_text())
     data["findings"].append({"severity": "undecided", "code": "aux-sweep", "message": "could not tell"})

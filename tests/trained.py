@@ -22,9 +22,9 @@ AUX_HF = (2, 4, 5)            # the default taps of an 8-layer target
 def build_trained(root: Path, train_steps: int = 150) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from eagle_eval.models.heads.io import save_head
-    from eagle_eval.models.heads.llama import Eagle3Head
-    from eagle_eval.speculative.draft import unroll_chains
+    from eagle_eval.heads.io import save_head
+    from eagle_eval.heads.eagle3.layer import Eagle3Head
+    from eagle_eval.profile.unroll import unroll_chains
 
     target_path = make_target(root / "target")
     model = AutoModelForCausalLM.from_pretrained(target_path).eval()

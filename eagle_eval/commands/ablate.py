@@ -17,13 +17,13 @@ from eagle_eval.commands.profile import profile_oracle
 from eagle_eval.errors import within
 from eagle_eval.oracle import load_oracle
 from eagle_eval import parallel
-from eagle_eval.results.acceptance import speedup
-from eagle_eval.results.advice import advise, settings_from_rows
+from eagle_eval.stats.acceptance import speedup
+from eagle_eval.stats.advice import advise, settings_from_rows
 from eagle_eval.results.expectation import section_rates
 from eagle_eval.results.plot import plot_ablation
 from eagle_eval.results.tables import write_rows_csv
 from eagle_eval.settings import FIELD_GROUP, AblateOptions, ConfigError, Settings, parse_setting
-from eagle_eval.speculative.tree import pool_size
+from eagle_eval.loop.tree import pool_size
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,9 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 
 def measure_costs(oracle, verify_sizes, progress: bool = False) -> tuple[Costs, object]:
-    """The speedup model's costs timed on this device (speculative/costs.py: interleaved rounds of every
+    """The speedup model's costs timed on this device (profile/costs.py: interleaved rounds of every
     timing until each median interval is narrow, or a limit) -> (Costs from the medians, the TimingRun)."""
-    from eagle_eval.speculative.costs import measure_timings
+    from eagle_eval.profile.costs import measure_timings
 
     run = measure_timings(oracle.speculator, verify_sizes)
     t = run.timings
@@ -233,7 +233,7 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
 
 def timings_of(timing, options: AblateOptions):
     """The timings the advice is decided from: measured, or given (--cost-ratio: no timing noise)."""
-    from eagle_eval.results.advice import Timings
+    from eagle_eval.stats.advice import Timings
 
     return timing.timings if timing is not None else Timings.given(options.cost_ratio)
 

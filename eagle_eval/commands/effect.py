@@ -24,7 +24,13 @@ from eagle_eval.settings import GROUPS, ConfigError, DecodingSettings, Settings,
 
 # temperature > 0 only: what chooses among the tokens (filters, rule, thresholds) and the random stream
 SAMPLING = ("top_k", "top_p", "min_p", "accept_rule", "accept_threshold_single", "accept_threshold_acc", "seed")
-SAMPLED_DRAFTS = ("vllm-probabilistic", "sglang-rs")       # speculative/expected.py PROBABILISTIC_RULES
+
+
+def _sampled_drafts(name: str) -> bool:
+    """The accept rule samples its drafts (its record, registry.RULES: imported only when the question is asked)."""
+    from eagle_eval.registry import RULES
+
+    return name in RULES and RULES.get(name).sampled_drafts
 
 
 def _field(cls, name: str):
@@ -66,12 +72,12 @@ def no_effect(decodings: list[DecodingSettings], options=None, topks: tuple[int,
     if options is None:
         return out
     rules = sorted({d.accept_rule for d in sampled})
-    if _given(options, "rollouts") and not any(d.accept_rule in SAMPLED_DRAFTS for d in sampled):
+    if _given(options, "rollouts") and not any(_sampled_drafts(d.accept_rule) for d in sampled):
         why = _greedy_reason(decodings) if not sampled else (
             f"--accept-rule {', '.join(rules)} drafts deterministically (the draft's argmax or top-k tree); "
             "rollouts draw sampled drafts, which only vllm-probabilistic and sglang-rs make")
         out.append(f"{_said(options, 'rollouts')} has no effect: {why}")
-    if _given(options, "expectation_floor") and not any(d.accept_rule not in SAMPLED_DRAFTS for d in sampled):
+    if _given(options, "expectation_floor") and not any(not _sampled_drafts(d.accept_rule) for d in sampled):
         why = (_greedy_reason(decodings) + "; the greedy profile is exact" if not sampled else
                f"--accept-rule {', '.join(rules)} samples its drafts; the floor cuts only the one-hot rules' "
                "expansion (vllm, sglang, eagle)")
@@ -93,7 +99,7 @@ def refuse_no_effect(decodings: list[DecodingSettings], options=None, topks: tup
 def refuse_unfit_grid(topks: tuple[int, ...], options) -> None:
     """Every --draft-tokens-grid value (and, for ablate's trees, some value of it or --num-draft-tokens) must
     fit a tree profiled: D <= K + (S-1) K^2 + 1 for some topk K > 1 of `topks` and num_steps S <= --max-steps."""
-    from eagle_eval.speculative.tree import pool_size
+    from eagle_eval.loop.tree import pool_size
 
     trees = [k for k in topks if k > 1]
     grid = options.draft_tokens_grid or ()

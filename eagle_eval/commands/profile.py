@@ -1,7 +1,7 @@
 """`profile`: exact per-cycle acceptance for every num_steps <= max_steps from one teacher-forced pass.
 
 Contract: `profile_prompts(oracle, prompts, options, continuations)` is the orchestration of
-speculative/profile.py over prompts in memory: the continuations (given, checked against the target's
+profile/teacher_forced.py over prompts in memory: the continuations (given, checked against the target's
 argmax and repaired in one batch, or the target's own batched greedy), the profile of every prompt, the
 cycle simulation per num_steps (and per num_draft_tokens of a tree grid) and the report. `profile(settings,
 options)` is the command: it reads the workload and a --responses file and owns the output folder.
@@ -16,10 +16,10 @@ import torch
 
 from eagle_eval.commands.folder import agree_on_loaded, open_folder
 from eagle_eval.errors import stage
-from eagle_eval.commands.profiled import ProfileResult, record_of, tree_shapes  # noqa: F401  (ProfileResult: api)
+from eagle_eval.commands.profile_result import ProfileResult, record_of, tree_shapes  # noqa: F401  (ProfileResult: api)
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
 from eagle_eval import parallel
-from eagle_eval.results.records import Prompt, read_jsonl
+from eagle_eval.records import Prompt, read_jsonl
 from eagle_eval.results.resume import workload_digests
 from eagle_eval.settings import ProfileOptions, Settings
 
@@ -96,14 +96,14 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
     (token ids per prompt, e.g. a server's), checked against the target's argmax; None = the target's own
     greedy. workload: (what the workload resolved, its warnings), echoed in the report. In a launched run the
     prompts are split between the processes and every rank returns the same result. At temperature > 0:
-    commands/profile_sampled.py (continuations sampled, or given ones taken as they are)."""
+    commands/profile_sampling.py (continuations sampled, or given ones taken as they are)."""
     if not oracle.settings.decoding.greedy:
-        from eagle_eval.commands.profile_sampled import profile_prompts_sampled
+        from eagle_eval.commands.profile_sampling import profile_prompts_sampled
         return profile_prompts_sampled(oracle, prompts, options, continuations, progress, workload)
 
     from eagle_eval.results.expectation import cycle_starts, per_start_rows
     from eagle_eval.results.report import DEFINITIONS, provenance, summarize, training_prediction
-    from eagle_eval.speculative import profile as prof
+    from eagle_eval.profile import teacher_forced as prof
     settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
     max_new, topk = settings.workload.max_new_tokens, r.topk
     tok = oracle.tokenizer
@@ -171,7 +171,7 @@ def _profiled(oracle: Oracle, items: list[tuple[Prompt, list[int] | None]], opti
     target's greedy sequence from the divergence on (its `divergence` kept)."""
     from tqdm import tqdm
 
-    from eagle_eval.speculative import profile as prof
+    from eagle_eval.profile import teacher_forced as prof
 
     spec, max_new, k_max = oracle.speculator, oracle.settings.workload.max_new_tokens, options.max_steps
     prompts = [p for p, _ in items]
@@ -210,7 +210,7 @@ def _extend(spec, prompts: list[Prompt], conts: list[list[int]], need: int, pad:
             batch_tokens: int, progress: bool = False) -> list[list[int]]:
     """Extend continuations greedily to `need` tokens, in batches (responses stop at max_new_tokens
     or EOS; the loop's last verify looks num_steps tokens further)."""
-    from eagle_eval.speculative import profile as prof
+    from eagle_eval.profile import teacher_forced as prof
 
     short = [i for i, c in enumerate(conts) if len(c) < need]
     out = [c[:need] for c in conts]

@@ -19,7 +19,7 @@ import torch
 
 from eagle_eval.commands.folder import agree_on_loaded, open_folder
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
-from eagle_eval.results.records import SampleRecord
+from eagle_eval.records import SampleRecord
 from eagle_eval.results.report import build_report
 from eagle_eval.results.resume import resumed_rows, workload_digests
 from eagle_eval.results.tables import write_csv

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eagle_eval.diagnose import decide
-from eagle_eval.results.findings import Finding, error, info, undecided, warning
+from eagle_eval.findings import Finding, error, info, undecided, warning
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def _shift(hf, d):
 def candidates(configured: tuple[int, ...], num_layers: int, extra: list[tuple[str, tuple]] = ()) -> list[Candidate]:
     """Valid (in range, distinct, same count), de-duplicated, configured first. Index N (the last
     layer's output before the final norm, boundary id N) is in range only when the configured set
-    taps it (a boundary-convention head): elsewhere no engine feeds it (models/checks/sanity.py aux-final-prenorm).
+    taps it (a boundary-convention head): elsewhere no engine feeds it (heads/checks/sanity.py aux-final-prenorm).
 
     >>> [c.hf for c in candidates((2, 4, 5), 8)]
     [(2, 4, 5), (3, 5, 6), (1, 3, 4), (0, 4, 5)]

@@ -45,7 +45,7 @@ def position_counts(run_lengths: list[int], num_steps: int, positions: int) -> t
 
 def tau_se_clustered(counts: list[tuple[int, int]]) -> tuple[float, float]:
     """tau = sum(emitted) / sum(cycles) and its cluster (per-prompt) delta-method SE (not the independent-cycles
-    SE of results/compare.py `tau_se_cycles`).
+    SE of results/comparison.py `tau_se_cycles`).
 
     >>> tau, se = tau_se_clustered([(6, 3), (4, 1)]); round(tau, 3), round(se, 3)
     (2.5, 0.75)

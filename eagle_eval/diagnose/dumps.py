@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.errors import UserError
-from eagle_eval.results.findings import Finding, error, info, undecided, warning
+from eagle_eval.findings import Finding, error, info, undecided, warning
 
 AUX_KEYS = ("aux_hidden_states", "aux_hidden_state")
 MAX_TOKENS = 512             # tokens compared; features at t depend only on tokens <= t

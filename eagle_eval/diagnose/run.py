@@ -23,7 +23,7 @@ from eagle_eval.diagnose import decide
 from eagle_eval.diagnose.options import DiagnoseOptions
 from eagle_eval.errors import stage
 from eagle_eval import parallel
-from eagle_eval.results.findings import Finding, exit_status, info
+from eagle_eval.findings import Finding, exit_status, info
 
 
 @dataclass
@@ -43,7 +43,7 @@ def _layers(hf) -> dict:
 
 def _config_hf(oracle) -> list[int] | None:
     """The HF layers the draft config.json itself names (None: no ids in it)."""
-    from eagle_eval.models.checks.sanity import config_aux_hf
+    from eagle_eval.heads.checks.sanity import config_aux_hf
 
     return config_aux_hf(json.loads((Path(oracle.resolved.head.path) / "config.json").read_text()))
 
@@ -90,7 +90,7 @@ class Rounds:
         return self.prompts[lo:hi], self.conts[lo:hi]
 
     def ensure(self, hi: int) -> None:
-        from eagle_eval.speculative.profile import greedy_continuations
+        from eagle_eval.profile.teacher_forced import greedy_continuations
 
         if hi <= len(self.conts):
             return
@@ -152,9 +152,9 @@ def diagnose(settings, dcfg: DiagnoseOptions = DiagnoseOptions(), progress: bool
 
 def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -> Diagnosis:
     from eagle_eval.diagnose import aux_sweep
-    from eagle_eval.diagnose.fingerprint import fingerprint
+    from eagle_eval.diagnose.feature_prints import fingerprint
     from eagle_eval.diagnose.template_check import template_check
-    from eagle_eval.models.checks import sanity
+    from eagle_eval.heads.checks import sanity
     from eagle_eval.oracle import checked_workload, load_oracle
     from eagle_eval.results.report import provenance
 
@@ -206,7 +206,7 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
 
 
 def render_diagnosis(report: dict) -> str:
-    from eagle_eval.results.findings import render_findings
+    from eagle_eval.findings import render_findings
 
     cfg, aux, rec = report["resolved"], report["configured_aux_layers"], report["recommended_aux_layers"]
     lines = [f"target {cfg['target']['path']} ({cfg['target']['num_layers']} layers), draft {cfg['head']['path']} "
@@ -229,7 +229,7 @@ def render_diagnosis(report: dict) -> str:
     if report.get("template_check"):
         lines.append("")
     if report.get("fingerprint"):
-        from eagle_eval.diagnose.fingerprint import render_fingerprint
+        from eagle_eval.diagnose.feature_prints import render_fingerprint
         lines += [render_fingerprint(report["fingerprint"]), ""]
     lines.append("findings")
     lines.append(render_findings([Finding.from_dict(f) for f in report["findings"]]))

@@ -13,7 +13,7 @@ chat-template-not-applicable (info) when the prompts do not depend on the templa
 from __future__ import annotations
 
 from eagle_eval.diagnose import decide
-from eagle_eval.results.findings import Finding, info, warning
+from eagle_eval.findings import Finding, info, warning
 
 
 def variants(oracle) -> list[tuple[str, object]]:

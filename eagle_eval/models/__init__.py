@@ -6,6 +6,6 @@ Rooms: `hub` (a Hugging Face model id's snapshot), `target`, `text_decoder`, `ca
 MLA draft layers, their configs, checkpoint dialects and key audit); `quant/` (what a checkpoint holds
 quantized, and the matmuls that run it); `checks/` (load-time findings).
 
-May import: `eagle_eval.settings`, `eagle_eval.errors`, `eagle_eval.results.findings` (the finding record).
+May import: `eagle_eval.settings`, `eagle_eval.errors`, `eagle_eval.findings` (the finding record).
 Never: speculative, workload, diagnose, servers, the commands, api, cli.
 """

@@ -2,14 +2,8 @@
 
 Contract: `resolve_aux_layers` is THE one place where aux-layer ids become tensors (docs/eagle3.md
 section 1). Internally everything is an HF index i (`HF[i]` = output_hidden_states[i] = input of
-decoder layer i, 0 = embedding output). Conventions:
-
-| convention | id k means              | HF index |
-|------------|-------------------------|----------|
-| `sglang`   | output of layer k       | k + 1 (-1 = embedding output, HF[0]) |
-| `vllm`     | input of layer k        | k        |
-| `hf`       | output_hidden_states[k] | k        |
-| `boundary` | state after k blocks, 0..N | k; k = N is the last layer's output BEFORE the final norm |
+decoder layer i, 0 = embedding output). The conventions ids are written in, and what id k means in each, are
+ONE table: settings.py `AUX_CONVENTIONS` (the option's choices and help come from it too).
 
 `boundary` ids (gpt-oss-style, e.g. nvidia/gpt-oss-120b-Eagle3-v3's [24, 30, 36] for 36 blocks) are the
 hidden-state boundaries: k < N is HF[k], and k = N is the output of L_{N-1} before the final norm, which
@@ -30,8 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from eagle_eval.errors import UserError
+from eagle_eval.settings import AUX_CONVENTIONS
 
-CONVENTIONS = ("sglang", "vllm", "hf", "boundary")
+CONVENTIONS = tuple(AUX_CONVENTIONS)
 
 
 class AuxLayerError(UserError, ValueError):
@@ -193,7 +188,7 @@ class FeatureCapture:
 
 # -- what each serving engine taps for a head config (docs/eagle3.md section 1) ----------------------------
 
-ENGINES = ("sglang", "sglang_before_25454", "vllm_v1", "vllm_v2")
+TAP_ENGINES = ("sglang", "sglang_before_25454", "vllm_v1", "vllm_v2")
 ENGINE_NAMES = {"sglang": "SGLang", "sglang_before_25454": "SGLang before PR #25454",
                 "vllm_v1": "vLLM (V1 model runner)", "vllm_v2": "vLLM (V2 model runner)"}
 # Targets SGLang runs with models/deepseek_v2.py, whose set_eagle3_layers_to_capture applies the +1 only
@@ -213,7 +208,7 @@ def sglang_deepseek_family(model_config) -> bool:
 
 @dataclass(frozen=True)
 class EngineTaps:
-    engine: str                  # one of ENGINES
+    engine: str                  # one of TAP_ENGINES
     hf: tuple[int, ...] | None   # HF indices the engine feeds the head, ascending; None: it cannot serve these ids
     reads: str                   # which key (or the default) and how it is read
 
@@ -244,7 +239,7 @@ def engine_taps(num_layers: int, nested_ids=None, top_ids=None, deepseek_family:
     the defaults.
 
     >>> t = engine_taps(8, nested_ids=[1, 3, 4])
-    >>> [(e, t[e].hf) for e in ENGINES if e in t]
+    >>> [(e, t[e].hf) for e in TAP_ENGINES if e in t]
     [('sglang', (2, 4, 5)), ('vllm_v1', (1, 3, 4)), ('vllm_v2', (2, 4, 5))]
     >>> [t.hf for t in engine_taps(8, nested_ids=[1, 3, 4], top_ids=[2, 4, 5]).values()]
     [(2, 4, 5), (2, 4, 5), (2, 4, 5)]

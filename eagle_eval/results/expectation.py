@@ -2,7 +2,7 @@
 
 Contract: pure functions over plain lists (no torch, no model). A profile at temperature > 0 gives, per
 (prompt, sample) sequence:
-- `at_least[k]`: the exact P(A >= i), i = 1..S, of start t = k + 1 (speculative/profile_sampled.py);
+- `at_least[k]`: the exact P(A >= i), i = 1..S, of start t = k + 1 (profile/sampled.py);
 - the cycles a speculative decode would run along that sequence: the root index of each and its accepted
   drafts (the prefix match; one-hot rules only).
 Three figures come out, and they differ (docs/sampling.md):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle_eval.settings import ConfigError
-from eagle_eval.results.compare import Z95, Result, tau_se_cycles
+from eagle_eval.results.comparison import Z95, Result, tau_se_cycles
 
 INSTALL_HINT = "--plot needs matplotlib: pip install 'eagle-eval[plot]'"
 

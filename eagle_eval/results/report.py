@@ -12,8 +12,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from eagle_eval.results.acceptance import AcceptanceCounts, predicted_by_train_acc
-from eagle_eval.results.records import SampleRecord
+from eagle_eval.stats.acceptance import AcceptanceCounts, predicted_by_train_acc
+from eagle_eval.records import SampleRecord
 from eagle_eval.results.tables import render_groups
 
 SCHEMA_VERSION = 1
@@ -71,11 +71,11 @@ def summarize(samples: list[SampleRecord], num_steps: int) -> dict:
 
 def _distribution_check(samples: list[SampleRecord]) -> dict:
     """Temperature > 0 with --check-lossless: the distribution check over every checked sample's pooled counts
-    (results/distribution.py); {} when none was checked."""
+    (stats/distribution.py); {} when none was checked."""
     rows = [s.extra["distribution_check"] for s in samples if "distribution_check" in s.extra]
     if not rows:
         return {}
-    from eagle_eval.results.distribution import CellCounts, judge
+    from eagle_eval.stats.distribution import CellCounts, judge
 
     pooled = CellCounts()
     for row in rows:
@@ -362,7 +362,7 @@ def render_ablation(result: dict) -> str:
         extra = (f", {v['best_num_steps_server']} with server step times" if v.get("best_num_steps_server") else "")
         lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup "
                      f"{v['best_speedup_model']:.3f}){extra}")
-        if v.get("advice"):                    # results/advice.py: decided from repeated timings
+        if v.get("advice"):                    # stats/advice.py: decided from repeated timings
             lines.append(f"  advice: {v['advice']['message']}")
     sampled = sorted({r["rates"] for r in result["rows"] if r.get("temperature")})
     if sampled:

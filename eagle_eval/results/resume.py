@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import warnings
 
-from eagle_eval.results.records import Prompt, SampleRecord, read_jsonl
+from eagle_eval.records import Prompt, SampleRecord, read_jsonl
 from eagle_eval.results.run_folder import RunFolderError, fingerprint_value
 
 _RESTART = "pass --overwrite to start afresh"

@@ -4,7 +4,7 @@ Contract: `open_run_folder(path, command, config, inputs, resume=, overwrite=)` 
 holding an exclusive `fcntl.flock` on `<folder>/.eagle-eval.lock` for as long as the run writes there
 (a second writer gets a `RunFolderError` at once). The owner file `eagle_eval_run.json` records the
 command, its configuration and a fingerprint of every input's contents (files, or every file of a
-folder; sampled unless `full_fingerprint`, what it covers recorded: results/fingerprints.py), never the
+folder; sampled unless `full_fingerprint`, what it covers recorded: results/input_digests.py), never the
 inputs' spellings: a resumed run must match the owner in all three, so a head whose weights
 were replaced in place is refused and the same folder spelled with a trailing slash is accepted.
 A folder owned by another command or configuration is refused without touching a byte of it, unless
@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from eagle_eval.errors import UserError
-from eagle_eval.results.fingerprints import file_digest, fingerprint, same_contents  # noqa: F401 (fingerprint re-exported)
+from eagle_eval.results.input_digests import file_digest, fingerprint, same_contents  # noqa: F401 (fingerprint re-exported)
 
 OWNER_FILE = "eagle_eval_run.json"
 LOCK_FILE = ".eagle-eval.lock"
@@ -83,7 +83,7 @@ def file_sha256(path: Path) -> str:
 
 
 def _input_fingerprint(name: str, path, full: bool = False) -> dict:
-    """fingerprint(path) (sampled unless `full`, results/fingerprints.py), an unreadable input said as one
+    """fingerprint(path) (sampled unless `full`, results/input_digests.py), an unreadable input said as one
     line naming its option."""
     with _os_errors(f"--{name.replace('_', '-')} {path}: cannot be read"):
         return fingerprint(path, full=full)
@@ -453,7 +453,7 @@ def open_run_folder(path: str | Path, command: str, config: dict, inputs: dict[s
 
     config: the command's settings (JSON values); inputs: {config key: path} of every file or folder
     read (None = not given), compared by contents instead of by spelling (sampled, or every byte with
-    `full_fingerprint`: results/fingerprints.py); ignore: config keys a resumed run may change (e.g. --limit)."""
+    `full_fingerprint`: results/input_digests.py); ignore: config keys a resumed run may change (e.g. --limit)."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite exclude each other")
     folder = Path(path)

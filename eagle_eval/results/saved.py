@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_eval.errors import ExitCode, UserError
-from eagle_eval.results.acceptance import AcceptanceCounts
-from eagle_eval.results.findings import SEVERITIES, Finding, decide, exit_status
+from eagle_eval.stats.acceptance import AcceptanceCounts
+from eagle_eval.findings import SEVERITIES, Finding, decide, exit_status
 
 FILES = {"run": "report.json", "profile": "profile.json", "ablation": "ablation.json",
          "diagnosis": "diagnosis.json", "server_check": "server_check.json"}

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_eval.errors import stage
-from eagle_eval.servers.compare import (
+from eagle_eval.servers.figures import (
     aggregate,
     compare_request,
     server_distribution,
 )
-from eagle_eval.servers.engines import ENGINES, engine
+from eagle_eval.registry import ENGINES
+from eagle_eval.servers.engine import engine
 from eagle_eval.servers.judge import judge_requests
 from eagle_eval.servers.options import ServerCheckOptions
 from eagle_eval.settings import Settings
@@ -43,7 +44,7 @@ class ServerCheckResult:
 
 def divergence_from_oracle(oracle, prompt, server_ids: list[int] | None, oracle_ids: list[int]) -> dict | None:
     """First difference of the server's output from the oracle's, with the target's logit margin there."""
-    from eagle_eval.speculative.greedy import first_divergence
+    from eagle_eval.loop.plain import first_divergence
 
     if server_ids is None or server_ids == oracle_ids:
         return None
@@ -235,7 +236,7 @@ def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, pro
     report.update({
         "kind": "server_check",
         "definitions": {**DEFINITIONS, **{f"server_{e.name}": f"{e.figure}: {e.figure_definition}"
-                                          for e in ENGINES.values()}},
+                                          for e in ENGINES.records()}},
         "server_check": check.as_dict(),
         "server": {"backend": backend, "url": check.url, "settings": server_settings,
                    "settings_check": settings_rows},
@@ -260,7 +261,7 @@ def _sampled_check(oracle, workload, client, server_settings, note, check: Serve
     from eagle_eval.results.report import DEFINITIONS, build_report
     from eagle_eval.servers.sampled import (ask_sampled, exact_per_request, expectation_check, expected_along,
                                             judge_sampled, plausibility)
-    from eagle_eval.speculative.sampling import FILTER_ORDER
+    from eagle_eval.rules.base import rule
 
     if client is None and group.is_main:
         from eagle_eval.settings import ConfigError
@@ -297,7 +298,7 @@ def _sampled_check(oracle, workload, client, server_settings, note, check: Serve
         "server": {"backend": check.backend, "url": check.url, "settings": server_settings,
                    "settings_check": settings_rows},
         "sampling": {"temperature": decoding.temperature, "top_k": decoding.top_k, "top_p": decoding.top_p,
-                     "min_p": decoding.min_p, "rule": decoding.accept_rule, "filter_order": FILTER_ORDER[decoding.accept_rule],
+                     "min_p": decoding.min_p, "rule": decoding.accept_rule, "filter_order": rule(decoding.accept_rule).filter_order,
                      "per_request_seed": "sha256 of (--seed, prompt id), 31 bits (servers/sampled.py request_seed)",
                      "exact_per_request": exact},
         "plausibility": plaus, "expectation": expectation, "tokens": {"requests": len(rows)}, "judgement": None,

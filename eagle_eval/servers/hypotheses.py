@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from eagle_eval.models.capture import default_hf_layers
-from eagle_eval.results.acceptance import AcceptanceCounts
-from eagle_eval.servers.compare import oracle_counts
+from eagle_eval.stats.acceptance import AcceptanceCounts
+from eagle_eval.servers.figures import oracle_counts
 from eagle_eval.servers.judge import counts_equal, judge_interval, paired_interval
 
 
@@ -96,7 +96,7 @@ def oracle_variant(oracle, h: Hypothesis):
 
 def engine_reads(resolved, backend: str) -> list[tuple]:
     """(name, description, HF) for what each engine of `backend` taps for the head's config."""
-    from eagle_eval.servers.engines import engine
+    from eagle_eval.servers.engine import engine
 
     e = engine(backend)
     out = [(name, f"{resolved.engines[key].name} reading this head's config: {resolved.engines[key].reads}",

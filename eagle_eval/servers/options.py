@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eagle_eval.servers.engines import ENGINES
+from eagle_eval.registry import ENGINES
 from eagle_eval.servers.judge import MODES
 from eagle_eval.servers.vllm import METRICS_SOURCES
 from eagle_eval.settings import ConfigError, Group, opt
@@ -13,7 +13,7 @@ from eagle_eval.settings import ConfigError, Group, opt
 
 @dataclass(frozen=True)
 class ServerCheckOptions(Group):
-    backend: str | None = opt(None, "The server's engine (required).", choices=tuple(ENGINES))
+    backend: str | None = opt(None, "The server's engine (required).", choices=ENGINES.names())
     url: str | None = opt(None, "The running server, http://HOST:PORT (none: only --sglang-log is compared).")
     mode: str = opt("exact", "exact: every request's tokens and counts must equal the oracle's (a faithful fp32 "
                     "engine); tolerance: a 95% interval of per-request acceptance differences within --tolerance "
@@ -44,12 +44,12 @@ class ServerCheckOptions(Group):
 
     def validate(self):
         if self.backend is None:
-            raise ConfigError("--backend is required (one of " + ", ".join(ENGINES) + ")")
+            raise ConfigError("--backend is required (one of " + ", ".join(ENGINES.names()) + ")")
         if self.url is None and self.sglang_log is None:
             raise ConfigError("--url is required (or --sglang-log alone, to compare a log with the oracle)")
         if self.url is not None:
             _check_url(self.url)
-        engine = ENGINES[self.backend]
+        engine = ENGINES.get(self.backend)
         if self.sglang_log is not None and engine.compare_log is None:
             raise ConfigError(f"--sglang-log needs --backend sglang (an engine that writes that log), not {self.backend}")
         if self.vllm_metrics != "auto" and "vllm_metrics" not in engine.options:

@@ -5,8 +5,8 @@ can be checked is fixed by the answers themselves (docs/eagle3.md section 8):
 - `request_sampling(decoding, prompt_id)`: the sampling parameters each request carries (the run's temperature,
   top-k, top-p, min-p and a per-request seed derived from (seed, prompt id), so a rerun sends the same requests);
 - `plausibility(oracle, pairs)`: are the answers samples of the target at these settings? One teacher-forced
-  forward per answer gives p_t (speculative/sampling.py, in the rule's filter order); every token counted in its
-  rank cell under p_t and judged by the chi-square of results/distribution.py (consistent / differs / undecided,
+  forward per answer gives p_t (rules/filters.py, in the rule's filter order); every token counted in its
+  rank cell under p_t and judged by the chi-square of stats/distribution.py (consistent / differs / undecided,
   false-alarm rate 0.001), beside the mean log p_t of the answer's tokens and what samples of p would average
   (minus the mean entropy): a server whose tokens the target finds impossible is named as such;
 - `redrafted(oracle, prompt, answer)`: under the one-hot rules (vllm, sglang at its default thresholds, eagle) a
@@ -18,7 +18,7 @@ can be checked is fixed by the answers themselves (docs/eagle3.md section 8):
   metrics) against those, or its totals when that is all it reports.
 - `expected_along(oracle, prompts, answers)` and `expectation_check(...)`: under every rule, the accepted drafts
   a faithful engine expects at each cycle the server ran (its per-step counts give the cycle roots along its
-  answer): E[A | root] and Var[A | root] from P(A >= i | root) (speculative/profile_sampled.py: exact for the
+  answer): E[A | root] and Var[A | root] from P(A >= i | root) (profile/sampled.py: exact for the
   one-hot rules, rollouts for sampled drafts). The cycles' A - E[A | root] are martingale differences, so their
   sum over the cycles that could not reach the answer's end (decided by the root alone) is judged by a z score:
   |z| > 3.29 differs (false-alarm rate 0.001), else consistent when the 95% interval of the relative difference
@@ -32,9 +32,6 @@ import hashlib
 import math
 
 import torch
-
-ONE_HOT_RULES = ("vllm", "sglang", "eagle")
-
 
 def request_seed(seed: int, prompt_id: str) -> int:
     """A request's seed, from (the run's seed, the prompt id) alone (31 bits: every engine takes it).
@@ -53,17 +50,20 @@ def request_sampling(decoding, prompt_id: str) -> dict:
 
 
 def exact_per_request(decoding) -> bool:
-    """Whether the rule fixes each request's per-step accepted counts from its answer."""
-    return decoding.accept_rule in ONE_HOT_RULES and (
-        decoding.accept_rule != "sglang" or (decoding.accept_threshold_single, decoding.accept_threshold_acc) == (1, 1))
+    """Whether the rule fixes each request's per-step accepted counts from its answer: a one-hot rule whose output
+    is plain sampling (rules/base.py `Rule`)."""
+    from eagle_eval.rules.base import rule
+
+    record = rule(decoding.accept_rule)
+    return record.node is not None and record.lossless(decoding)
 
 
 @torch.no_grad()
 def plausibility(oracle, pairs: list[tuple[list[int], list[int]]]) -> dict:
     """pairs: (prompt ids, answer ids) of every request -> the distribution check of the answers against p."""
-    from eagle_eval.results.distribution import CellCounts, judge
-    from eagle_eval.speculative.lossless import counts_of, relaxed
-    from eagle_eval.speculative.sampling import target_probs
+    from eagle_eval.stats.distribution import CellCounts, judge
+    from eagle_eval.rules.lossless import counts_of, relaxed
+    from eagle_eval.rules.filters import target_probs
 
     target, decoding = oracle.speculator.target, oracle.settings.decoding
     counts, logp, entropy, tokens = CellCounts(), 0.0, 0.0, 0
@@ -91,7 +91,7 @@ def plausibility(oracle, pairs: list[tuple[list[int], list[int]]]) -> dict:
 @torch.no_grad()
 def redrafted(oracle, prompt, answer: list[int]) -> tuple[list[int], bool]:
     """(accepted drafts per cycle along `answer`, whether the last cycle is a lower bound) under a one-hot rule."""
-    from eagle_eval.speculative import profile as prof
+    from eagle_eval.profile import teacher_forced as prof
 
     if not answer:
         return [], False
@@ -158,7 +158,7 @@ def ask_sampled(oracle, workload, client, check, progress: bool) -> tuple[list, 
     from tqdm import tqdm
 
     from eagle_eval.errors import stage
-    from eagle_eval.results.records import SampleRecord
+    from eagle_eval.records import SampleRecord
     from eagle_eval.workload.conversations import run_turns
 
     decoding, s = oracle.settings.decoding, oracle.resolved.num_steps
@@ -244,18 +244,19 @@ def expected_along(oracle, prompts, answers: list[list[int]], rollouts: int = 32
                    floor: float = 1e-6) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(P(A >= i | root k) [len(answer), S], the estimate's variance or None) along each answer, chains only:
     each answer taken as it is (padded past its end; those roots are not used)."""
-    from eagle_eval.speculative import profile as prof
-    from eagle_eval.speculative.expected import PROBABILISTIC_RULES
-    from eagle_eval.speculative.profile_sampled import profile_batch_rollouts, profile_batch_sampled
+    from eagle_eval.profile import teacher_forced as prof
+    from eagle_eval.profile.sampled import profile_batch_rollouts, profile_batch_sampled
+    from eagle_eval.rules.base import rule
 
     spec, dec, s = oracle.speculator, oracle.settings.decoding, oracle.resolved.num_steps
     max_new = max(len(a) for a in answers)
     items = [(p, list(a) + [0] * (max_new + s - len(a))) for p, a in zip(prompts, answers)]
     out = [None] * len(items)
+    sampled_drafts = rule(dec.accept_rule).sampled_drafts
     for batch in prof.batches([p.input_ids + c for p, c in items], 0, max(1, batch_tokens // (
-            rollouts if dec.accept_rule in PROBABILISTIC_RULES else 1))):
+            rollouts if sampled_drafts else 1))):
         part = [items[j] for j in batch]
-        if dec.accept_rule in PROBABILISTIC_RULES:
+        if sampled_drafts:
             got = profile_batch_rollouts(spec, part, [(p.id, 0) for p, _ in part], s, max_new, 0, dec, rollouts)
         else:
             got = profile_batch_sampled(spec, part, s, max_new, 0, dec, floor=floor)

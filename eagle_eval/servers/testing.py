@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eagle_eval.results.acceptance import AcceptanceCounts
-from eagle_eval.servers.compare import classify_divergence, relative_difference
+from eagle_eval.stats.acceptance import AcceptanceCounts
+from eagle_eval.servers.figures import classify_divergence, relative_difference
 
 __all__ = ["DEFINITIONS", "Expected", "EagleOracle", "assert_same_tokens", "assert_accept_length_close",
            "assert_mean_accept_length_close", "assert_verify_count", "assert_histogram_equal",
@@ -125,7 +125,7 @@ class EagleOracle:
         """prompt: token ids of the target's vocabulary, or text (tokenized with the target's tokenizer, special
         tokens added). Ids outside the vocabulary, or a prompt too long for the target, are refused
         (workload.data.DataError) naming the prompt."""
-        from eagle_eval.results.records import Prompt
+        from eagle_eval.records import Prompt
         from eagle_eval.workload.data import check_prompts
 
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else [int(i) for i in prompt]
@@ -146,7 +146,7 @@ class EagleOracle:
 
     def divergence(self, expected: Expected, actual_ids: list[int]) -> dict | None:
         """None when equal; else position, both tokens and the target's logit margin there."""
-        from eagle_eval.results.records import Prompt
+        from eagle_eval.records import Prompt
         from eagle_eval.servers.check import divergence_from_oracle
 
         prompt = Prompt(id=expected.id, category="testing", input_ids=expected.prompt_ids)

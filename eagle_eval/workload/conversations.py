@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from eagle_eval.settings import WorkloadSettings, bundled_missing
-from eagle_eval.results.records import Prompt, SampleRecord
+from eagle_eval.records import Prompt, SampleRecord
 from eagle_eval.workload.data import DataError, tokenize_row
 from eagle_eval.workload.datasets import Question, read_jsonl_rows, read_questions, select, to_question
 from eagle_eval.workload.templates import NO_TEMPLATE_IN_TOKENIZER, PromptFormat

@@ -1,2 +1,0 @@
-"""Load-time checks of a loaded target and head, as findings: `sanity` (every head), `variants` (the
-head variants and the config-key audit), `mla` (MLA heads only)."""

@@ -1,0 +1,103 @@
+"""Timing the costs of the speedup model, repeated until each is known narrowly (or a budget ends).
+
+Contract: `measure_timings(spec, verify_sizes)` times, round after round on a `context`-token cache, one
+1-token target forward, one verify forward of each size in `verify_sizes` and one draft step (head
+forward, lm_head, argmax), interleaved so that drift over the measurement touches every cost alike. It
+stops once every timing's 95% median interval (results/advice.median_interval) is within `rel_width`
+of its median, or after `max_reps` rounds, or when `budget_s` has passed; `TimingRun.narrow` says
+which. The samples go to results/advice.advise, which decides the recommendation from them. The first
+call of each kind is a warm-up and not kept. Computation only: `progress(round, widest)` is the
+caller's bar (STYLE.md 12).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from eagle_eval.stats.advice import Timings, relative_width
+
+
+@dataclass(frozen=True)
+class TimingRun:
+    timings: Timings
+    rounds: int
+    narrow: bool              # every timing's median interval within rel_width
+    widest: float             # the largest relative half-width reached
+    rule: str
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def stop_rule(samples: dict[str, list[float]], rounds: int, elapsed: float, min_reps: int, max_reps: int,
+              rel_width: float, budget_s: float) -> tuple[bool, bool, float]:
+    """(stop, narrow, widest relative half-width) after a round: narrow once every timing is within
+    rel_width (from min_reps rounds on), else stop at max_reps or when the budget is spent."""
+    widest = max(relative_width(xs) for xs in samples.values())
+    narrow = rounds >= min_reps and widest <= rel_width
+    return narrow or rounds >= max_reps or elapsed >= budget_s, narrow, widest
+
+
+@torch.no_grad()
+def measure_timings(spec, verify_sizes, context: int = 128, min_reps: int = 6, max_reps: int = 60,
+                    rel_width: float = 0.02, budget_s: float = 60.0, clock: Callable[[], float] = time.perf_counter,
+                    progress: Callable[[int, float], None] | None = None) -> TimingRun:
+    """Repeated timings of the model's costs (module docstring); `clock` is injectable for tests."""
+    from eagle_eval.loop.draft import DraftState
+
+    target, head, device = spec.target, spec.head, spec.draft_device
+    vocab = target.info.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    cache = target.new_cache()
+    target.forward(torch.randint(0, vocab, (1, context), generator=gen), cache)
+    state = DraftState(head, spec.embed)
+    state.extend(torch.randn(1, context, head.config.num_aux * head.config.target_hidden_size, generator=gen)
+                 .to(device=device, dtype=head.lm_head.weight.dtype),
+                 torch.randint(0, vocab, (1, context), generator=gen).to(device))
+    token = torch.randint(0, vocab, (1, 1), generator=gen).to(device)
+    position = torch.tensor([[context]], device=device)
+    sizes = sorted(set(int(n) for n in verify_sizes))
+    ids = {n: torch.randint(0, vocab, (1, n), generator=gen) for n in {1, *sizes}}
+
+    def verify(n):
+        target.forward(ids[n], cache)
+        target.rollback(cache, context)
+
+    def draft_step():             # one head forward + lm_head + argmax, as in each decode step
+        out = head.step(spec.embed(token), state.last_out, position, state.cache)
+        head.logits(out).argmax(-1)
+        state.cache.rollback(context)
+
+    jobs = {"target": lambda: verify(1), "draft": draft_step, **{f"verify:{n}": (lambda n=n: verify(n)) for n in sizes}}
+
+    def timed(fn) -> float:
+        _synchronize()
+        t0 = clock()
+        fn()
+        _synchronize()
+        return (clock() - t0) * 1e3
+
+    for fn in jobs.values():       # warm-up, not kept
+        timed(fn)
+    samples: dict[str, list[float]] = {k: [] for k in jobs}
+    start, rounds = clock(), 0
+    while True:
+        for k, fn in jobs.items():
+            samples[k].append(timed(fn))
+        rounds += 1
+        stop, narrow, widest = stop_rule(samples, rounds, clock() - start, min_reps, max_reps, rel_width, budget_s)
+        if progress is not None:
+            progress(rounds, widest)
+        if stop:
+            break
+    timings = Timings(target_ms=tuple(samples["target"]), draft_ms=tuple(samples["draft"]),
+                      verify_ms={n: tuple(samples[f"verify:{n}"]) for n in sizes})
+    rule = (f"rounds of every timing until each 95% median interval is within {rel_width:.0%} of its median "
+            f"(at least {min_reps}, at most {max_reps} rounds, {budget_s:g} s)")
+    return TimingRun(timings, rounds, narrow, widest, rule)
