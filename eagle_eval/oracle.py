@@ -347,9 +347,11 @@ def _train_acc(model: ModelSettings, head_dir) -> dict | None:
 
 
 def _head_info(loaded: LoadedHead) -> HeadInfo:
+    from eagle_eval.heads.kind import kind
+
     cfg = loaded.head.config
-    return HeadInfo(path=loaded.path, dialect=loaded.dialect, weights=loaded.weights_file, kind=cfg.kind,
-                    mla=cfg.variant()["mla"] if cfg.mla else None, norm_before_residual=cfg.norm_before_residual,
+    return HeadInfo(path=loaded.path, dialect=loaded.dialect, weights=loaded.weights_file, kind=loaded.kind,
+                    mla=kind(loaded.kind).info(cfg).get("mla"), norm_before_residual=cfg.norm_before_residual,
                     rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, variant=cfg.variant(),
                     keys=loaded.key_audit.as_dict() if loaded.key_audit is not None else None)
 
@@ -389,8 +391,13 @@ def wire(settings: Settings, loaded: Loaded) -> Oracle:
     num_draft_tokens, notes = resolve_speculative(spec_s.num_steps, spec_s.topk, spec_s.num_draft_tokens)
     notes = list(lh.key_notes) + notes
     head = lh.head
+    from eagle_eval.heads.kind import kind
+    from eagle_eval.models.capture import default_hf_layers
+
+    taps = kind(lh.kind).default_taps(target.num_layers, head.config)      # the head kind's own default taps
+    own = None if taps == default_hf_layers(target.num_layers) else (taps, f"the {lh.kind} head kind's default HF {taps}")
     aux = resolve_aux_layers(target.num_layers, head.config.num_aux, spec_s.aux_layers, spec_s.aux_convention,
-                             lh.aux_ids_sglang, lh.aux_ids_vllm)
+                             lh.aux_ids_sglang, lh.aux_ids_vllm, default=own)
     draft_device = target.output_device
     table, table_name = _choose_embedding(spec_s.draft_embedding, lh, target)
     table_device = execution_device(table, target.model)     # an offloaded table computes on its hook's device
@@ -432,7 +439,8 @@ def oracle_from_models(model, head, settings: Settings | None = None, tokenizer=
     settings = settings or Settings()
     target = Target(model)
     head.to(device=target.output_device, dtype=target.model.dtype)
-    lh = LoadedHead(head=head, dialect="in memory", path="", weights_file="", own_embedding=head.embed_tokens is not None,
+    lh = LoadedHead(head=head, kind=head.config.kind, dialect="in memory", path="", weights_file="",
+                    own_embedding=head.embed_tokens is not None,
                     aux_ids_sglang=None, aux_ids_vllm=None, d2t_in_checkpoint=True)
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(target.model.dtype, "fp32")
     loaded = Loaded(model=settings.model, dtype=dtype, target=target, head=lh,

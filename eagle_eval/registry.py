@@ -71,8 +71,8 @@ RULES = Registry("accept rule", {
 
 # the draft head kinds, one folder each (eagle_eval/heads/)
 HEAD_KINDS = Registry("head kind", {
-    "eagle3": "eagle_eval.heads.eagle3.kind:KIND",
-    "eagle3-mla": "eagle_eval.heads.mla.kind:KIND",
+    "llama": "eagle_eval.heads.eagle3.kind:KIND",        # EAGLE-3, a Llama-style (GQA) draft layer
+    "mla": "eagle_eval.heads.mla.kind:KIND",             # EAGLE-3 with DeepSeek multi-head latent attention
 })
 
 # the serving engines server-check talks to, one module each (eagle_eval/servers/)

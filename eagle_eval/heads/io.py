@@ -59,6 +59,7 @@ _VARIANT_TENSORS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm"}
 @dataclass(frozen=True)
 class LoadedHead:
     head: Eagle3Head
+    kind: str                         # the head kind's registry name (heads/kind.py)
     dialect: str
     path: str
     weights_file: str
@@ -70,20 +71,28 @@ class LoadedHead:
     key_notes: tuple = ()              # warnings from the audit (unknown keys, allowed engine-math keys)
 
 
-def detect_dialect(config: dict, config_file: Path) -> str:
-    archs = read_key(config, "architectures", config_file, "names", [])
+def eagle3_dialect(config: dict) -> str | None:
+    """The EAGLE-3 family's dialect of a config.json (the Llama-style and MLA kinds share these layouts), or None."""
+    archs = config.get("architectures") or []
+    archs = archs if isinstance(archs, list) else []
     if any(a in MLA_ARCHITECTURES for a in archs):
         return MLA
-    if "Eagle3Speculator" in archs or "speculators_config" in config:
+    if "Eagle3Speculator" in archs or config.get("speculators_model_type") == "eagle3" or (
+            "speculators_config" in config and "speculators_model_type" not in config):
         return SPECULATORS
-    if any(a.endswith("Eagle3") for a in archs):
+    if any(isinstance(a, str) and a.endswith("Eagle3") for a in archs):
         return SPECFORGE
-    if any(a.endswith("ForCausalLM") for a in archs):
+    if any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs):
         return EAGLE
-    raise CheckpointError(
-        f"{config_file}: key 'architectures' = {archs!r}; expected one of "
-        "'LlamaForCausalLMEagle3' (SpecForge/SGLang), 'LlamaForCausalLM' (EAGLE official), "
-        "'Eagle3Speculator' (speculators) or 'Eagle3DeepseekV2ForCausalLM' (MLA draft layer)")
+    return None
+
+
+def detect_dialect(config: dict, config_file: Path) -> str:
+    """The dialect of a head's config.json, whatever its kind (heads/kind.py `kind_of`)."""
+    from eagle_eval.heads.kind import kind_of
+
+    read_key(config, "architectures", config_file, "names", [])
+    return kind_of(config, config_file)[1]
 
 
 def _weights_file(path: Path, dialect: str) -> Path:
@@ -208,14 +217,21 @@ def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) ->
 
 
 def load_head(path: str | Path, allow_unknown_keys: bool = False, revision: str | None = None) -> LoadedHead:
-    """Read a draft head checkpoint folder (any dialect), or a model id from the HF cache (models/hub.py;
-    `revision`), strictly. Config keys that change the math in an engine but not here are an error unless
-    `allow_unknown_keys` (heads/eagle3/keys.py)."""
+    """Read a draft head checkpoint folder (any kind, any dialect: heads/kind.py), or a model id from the HF cache
+    (models/hub.py; `revision`), strictly. Config keys that change the math in an engine but not here are an error
+    unless `allow_unknown_keys` (heads/eagle3/keys.py)."""
+    from eagle_eval.heads.kind import kind_of
     from eagle_eval.models.hub import HEAD_FILES, model_folder
 
     path = model_folder(path, revision, "--draft", HEAD_FILES)
     config_file, config = _read_config(path)
-    dialect = detect_dialect(config, config_file)
+    read_key(config, "architectures", config_file, "names", [])
+    kind, dialect = kind_of(config, config_file)
+    return kind.load(path, config_file, config, dialect, allow_unknown_keys)
+
+
+def load_eagle3(path: Path, config_file: Path, config: dict, dialect: str, allow_unknown_keys: bool) -> LoadedHead:
+    """The EAGLE-3 family's loader (the Llama-style and MLA kinds): strict keys, strict tensors, the vocab map."""
     audit = audit_keys(config, dialect)
     notes = check_keys(audit, config_file, allow_unknown_keys) + model_type_note(config, dialect, config_file)
     file = _weights_file(path, dialect)
@@ -235,7 +251,7 @@ def load_head(path: str | Path, allow_unknown_keys: bool = False, revision: str 
     head.load_state_dict({**head.state_dict(), **{k: v.to(head.state_dict()[k].dtype)
                                                    for k, v in state.items()}}, strict=True)
     sglang_ids, vllm_ids = aux_ids(config, config_file)
-    return LoadedHead(head=head.eval(), dialect=dialect, path=str(path), weights_file=str(file),
+    return LoadedHead(head=head.eval(), kind=cfg.kind, dialect=dialect, path=str(path), weights_file=str(file),
                       own_embedding=head.embed_tokens is not None,
                       aux_ids_sglang=tuple(sglang_ids) if sglang_ids is not None else None,
                       aux_ids_vllm=tuple(vllm_ids) if vllm_ids is not None else None,

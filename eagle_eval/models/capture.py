@@ -106,8 +106,10 @@ def _from_config(config_sglang_ids, config_vllm_ids, boundary: bool) -> tuple[li
 
 
 def resolve_aux_layers(num_layers: int, num_aux: int = 3, cli_ids=None, cli_convention: str = "sglang",
-                       config_sglang_ids=None, config_vllm_ids=None) -> AuxLayers:
-    """Decide which HF indices feed the draft: CLI ids, else the draft config, else the default.
+                       config_sglang_ids=None, config_vllm_ids=None,
+                       default: tuple[list[int], str] | None = None) -> AuxLayers:
+    """Decide which HF indices feed the draft: CLI ids, else the draft config, else the default (the head kind's:
+    `default` = (HF indices, in words); every engine's HF[2], HF[N//2], HF[N-3] when not given).
 
     config_sglang_ids: nested `eagle_config.eagle_aux_hidden_state_layer_ids` (read SGLang-style);
     config_vllm_ids: top-level `eagle_aux_hidden_state_layer_ids` (read vLLM-style). When both are
@@ -121,7 +123,7 @@ def resolve_aux_layers(num_layers: int, num_aux: int = 3, cli_ids=None, cli_conv
         hf, source = _from_config(config_sglang_ids, config_vllm_ids, boundary)
     else:
         boundary = False
-        hf, source = default_hf_layers(num_layers), "default HF[2], HF[N//2], HF[N-3]"
+        hf, source = default or (default_hf_layers(num_layers), "default HF[2], HF[N//2], HF[N-3]")
     top = num_layers if boundary else num_layers - 1
     out_of_range = [i for i in hf if not 0 <= i <= top]
     if out_of_range:

@@ -163,16 +163,14 @@ def _head_bytes(req: PlanRequest, dtype) -> tuple[dict | None, int, int]:
     """(the head's record, its bytes, its KV bytes per token)."""
     if not req.draft:
         return None, 0, 0
+    from eagle_eval.heads.kind import kind
     from eagle_eval.models.hub import HEAD_FILES, model_folder
 
     # a head's weights are small and their header tells whether it ships its own embedding table
     head, cfg = head_meta(model_folder(req.draft, req.draft_revision, "--draft", HEAD_FILES), dtype)
     size = torch.tensor([], dtype=dtype).element_size()
     weights = sum(t.numel() * t.element_size() for t in head.state_dict(keep_vars=True).values())   # as parts_of
-    if cfg.mla is not None:
-        per = cfg.num_attention_heads * (cfg.mla.qk_head_dim + cfg.mla.v_head_dim) * size
-    else:
-        per = 2 * cfg.num_key_value_heads * cfg.head_dim * size
+    per = kind(cfg.kind).kv_bytes(cfg, size)                # the head kind's draft KV (heads/kind.py)
     return {"path": req.draft, "kind": cfg.kind, "bytes": weights, "kv_per_token": per}, weights, per
 
 

@@ -392,14 +392,15 @@ def _index_view(model, names: list[str], index: dict, prefix: str) -> dict:
 def head_meta(folder: Path, dtype: torch.dtype):
     """(the draft head on the meta device in `dtype`, its HeadConfig); its own embedding table when the
     checkpoint ships one (headers only)."""
-    from eagle_eval.heads.io import _build_head, _read_config, detect_dialect
+    from eagle_eval.heads.io import _read_config
+    from eagle_eval.heads.kind import kind_of
     from eagle_eval.models.files import safetensors_header
 
     config_file, config = _read_config(folder)
     check_sizes(config, config_file)
-    dialect = detect_dialect(config, config_file)
+    kind, dialect = kind_of(config, config_file)
     weights = folder / "model.safetensors"
     names = set(safetensors_header(weights, PlanError)) if weights.is_file() else set()
     with torch.device("meta"):
-        head = _build_head(config, dialect, config_file, {n: None for n in names})
+        head = kind.meta(config, config_file, dialect, names)
     return head.to(dtype), head.config

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle_eval.rules.base import OneHotRule, Rule, coin, without
+from eagle_eval.rules import base
+from eagle_eval.rules.base import OneHotRule, Rule
 from eagle_eval.rules.filters import keep_top_k, keep_top_p_cumsum, renorm
 
 
@@ -38,10 +39,10 @@ class EagleRule(OneHotRule):
         for k, c in enumerate(children):
             if c in tried:
                 continue
-            if coin(self.rng) < float(residual[c]):
+            if base.coin(self.rng) < float(residual[c]):
                 return k, None
             tried.append(c)
-            residual = without(residual, [c])
+            residual = base.without(residual, [c])
             residual = residual / residual.sum()
         return None, residual
 

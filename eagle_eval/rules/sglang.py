@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle_eval.rules.base import OneHotRule, Rule, SampledDraftRule, coin, overlap, without
+from eagle_eval.rules import base
+from eagle_eval.rules.base import OneHotRule, Rule, SampledDraftRule, overlap
 from eagle_eval.rules.filters import keep_top_k, keep_top_p_pivot, renorm
 
 ORDER = "temperature -> top-k -> top-p (on the top-k distribution); min_p not applied at verify"
@@ -55,14 +56,14 @@ class SglangRule(OneHotRule):
     """SGLang's tree rule: one coin per depth against the children's cumulative p, thresholds t_single/t_acc."""
 
     def node(self, p, children):
-        u, acc = coin(self.rng), 0.0
+        u, acc = base.coin(self.rng), 0.0
         t_single, t_acc = self.decoding.accept_threshold_single, self.decoding.accept_threshold_acc
         for k, c in enumerate(children):
             a = float(p[c])
             acc += a
             if a > 0 and (u < acc / t_acc or a >= t_single):
                 return k, None
-        return None, without(p, children)
+        return None, base.without(p, children)
 
 
 SGLANG = Rule(

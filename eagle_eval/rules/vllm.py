@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle_eval.rules.base import OneHotRule, Rule, SampledDraftRule, coin, overlap, without
+from eagle_eval.rules import base
+from eagle_eval.rules.base import OneHotRule, Rule, SampledDraftRule, overlap
 from eagle_eval.rules.filters import keep_top_k, keep_top_p_cumsum, renorm
 
 CHAINS = "vLLM 0.32 verifies EAGLE drafts as a chain (no token tree)"
@@ -42,9 +43,9 @@ class VllmRule(OneHotRule):
 
     def node(self, p, children):
         (d,) = children
-        if coin(self.rng) < float(p[d]):
+        if base.coin(self.rng) < float(p[d]):
             return 0, None
-        return None, without(p, [d])
+        return None, base.without(p, [d])
 
 
 VLLM = Rule(

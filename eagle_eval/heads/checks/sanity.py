@@ -27,7 +27,8 @@ from eagle_eval.models.capture import (
     engine_taps,
     sglang_deepseek_family,
 )
-from eagle_eval.heads.mla.checks import mla_findings
+from eagle_eval.heads.kind import kind
+from eagle_eval.registry import HEAD_KINDS
 from eagle_eval.heads.checks.variants import head_variant_findings
 from eagle_eval.findings import Finding, error, guarded, info, warning
 
@@ -356,7 +357,7 @@ def load_findings(target, loaded, aux, cli_aux_ids, embedding: str, cache: dict 
                    sglang_deepseek_family(target.model.config))
     out += cache["dialect"] + cache["dtype"]
     out += head_variant_findings(loaded, aux)               # head variants and config keys
-    out += cache["mla"]
+    out += cache["kind"]
     return out
 
 
@@ -380,5 +381,6 @@ def _weight_findings(target, loaded, raw: dict) -> dict[str, list[Finding]]:
     out["dialect"] = guarded("dialect", dialect_findings, loaded, raw)
     run_dtype = _SHORT.get(str(target.model.dtype).replace("torch.", ""), str(target.model.dtype))
     out["dtype"] = guarded("dtype", dtype_findings, loaded.weights_file, run_dtype, tcfg)
-    out["mla"] = guarded("mla", mla_findings, loaded, raw, tcfg)  # an MLA draft layer (heads/mla/checks.py)
+    checks = kind(loaded.kind).checks if loaded.kind in HEAD_KINDS else None     # the head kind's own (heads/kind.py)
+    out["kind"] = guarded(loaded.kind, checks, loaded, raw, tcfg) if checks else []
     return out

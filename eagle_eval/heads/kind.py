@@ -1,0 +1,52 @@
+"""A head kind is one record: everything the rest of eagle-eval needs to know of one kind of draft.
+
+Contract: `HeadKind` is what a kind's folder registers (`registry.HEAD_KINDS`, one line each): how its
+checkpoint is recognised (`detect`: config.json -> the kind's dialect, or None), loaded strictly (`load`), which
+target tensors it taps when its config names none (`default_taps`), its load-time checks of its own (`checks`),
+its draft KV bytes per token for `plan` (`kv_bytes`), its head built on the meta device for `plan` (`meta`), and
+what a report echoes of it (`info`). `kind_of(config)` finds the one kind that claims a config.json (two that do
+are a bug: refused by name). A new kind is one folder plus one registry line (tests/test_seams.py registers a toy
+kind from a test file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle_eval.registry import HEAD_KINDS
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    name: str                     # the registry name, echoed as the report's head.kind
+    description: str              # one line, for messages ("EAGLE-3, a Llama-style layer")
+    architectures: str            # the config.json `architectures` it reads, in words (for the refusal message)
+    detect: Callable              # (config dict) -> the dialect name of this kind, or None
+    load: Callable                # (folder, config_file, config, dialect, allow_unknown_keys) -> io.LoadedHead
+    default_taps: Callable        # (target layers N, head config) -> HF indices it taps when no ids are given
+    kv_bytes: Callable            # (head config, bytes per element) -> the draft's KV bytes per token
+    meta: Callable                # (config, config_file, dialect, tensor names) -> the head on the meta device
+    info: Callable                # (head config) -> the kind's own keys of the report's head echo
+    checks: Callable | None = None    # (loaded head, raw config, target text config) -> findings of this kind
+
+
+def kind_of(config: dict, config_file: Path) -> tuple[HeadKind, str]:
+    """(the kind, its dialect) that claims `config`; refused, naming every kind's architectures, when none does."""
+    from eagle_eval.heads.eagle3.config import CheckpointError
+
+    claims = [(k, d) for k in HEAD_KINDS.records() if (d := k.detect(config)) is not None]
+    if len(claims) > 1:
+        raise CheckpointError(f"{config_file}: claimed by head kinds {', '.join(k.name for k, _ in claims)}: "
+                              "a config.json must be one kind's")
+    if not claims:
+        archs = config.get("architectures")
+        raise CheckpointError(f"{config_file}: key 'architectures' = {archs!r}; expected one of "
+                              + "; ".join(k.architectures for k in HEAD_KINDS.records()))
+    return claims[0]
+
+
+def kind(name: str) -> HeadKind:
+    """The kind registered as `name`."""
+    return HEAD_KINDS.get(name)
