@@ -37,12 +37,12 @@ from eagle_eval.settings import (
 )
 
 # which settings each command takes: every group, less the fields it does not use
-NOT_USED = {                         # samples_per_prompt: the profile's sampled continuations per prompt
-    "run": {"samples_per_prompt"},
+NOT_USED = {
+    "run": set(),
     "profile": {"resume"},
     "ablate": {"resume"},
-    "diagnose": {"resume", "samples_per_prompt"},
-    "server-check": {"resume", "samples_per_prompt"},
+    "diagnose": {"resume"},
+    "server-check": {"resume"},
 }
 OWN_ONLY = {"plan"}                  # commands that take their own options and no Settings
 

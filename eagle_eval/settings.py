@@ -341,7 +341,6 @@ class DecodingSettings(Group):
                                          "probability reaches it is accepted outright.")
     accept_threshold_acc: float = opt(1.0, "SGLang --speculative-accept-threshold-acc: the coin is compared with "
                                       "cumsum(p) / this.")
-    samples_per_prompt: int = opt(1, "profile and ablate at temperature > 0: sampled continuations per prompt.")
     seed: int = opt(0, "Seed of every random choice (torch.manual_seed at the start; each sample's generator); "
                     "0..2^64-1.")
 
@@ -358,7 +357,6 @@ class DecodingSettings(Group):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in (0, 1], got {value}")
-        at_least(self.samples_per_prompt, 1, "--samples-per-prompt")
 
     @property
     def greedy(self) -> bool:
@@ -538,6 +536,7 @@ class ProfileOptions(Group):
                                    "start's `cut`). The report counts the starts cut and their largest cut. "
                                    "0 = exact up to float rounding (about 3x the greedy profile's time unfiltered "
                                    "at temperature 1).")
+    samples_per_prompt: int = opt(1, "Temperature > 0: sampled continuations per prompt (profile and ablate).")
     rollouts: int = opt(0, "Sampled drafts (vllm-probabilistic, sglang-rs) at temperature > 0: 0 = estimate P(A >= i), "
                         "i >= 2, along the sampled continuation itself (importance-weighted, unbiased, no extra target "
                         "forward); M >= 1 = M draft paths per start drawn from min(p, q) (unbiased, its variance per "
@@ -551,6 +550,7 @@ class ProfileOptions(Group):
     def validate(self):
         at_least(self.max_steps, 1, "--max-steps")
         at_least(self.batch_tokens, 1, "--batch-tokens")
+        at_least(self.samples_per_prompt, 1, "--samples-per-prompt")
         at_least(self.rollouts, 0, "--rollouts")
         if self.rollouts > self.batch_tokens:
             raise ConfigError(f"--rollouts {self.rollouts}: each start's rollouts are drafted in one batch, more rows "

@@ -209,7 +209,8 @@ def _with_wrong_residual(spec):
     not removed), so the server emits the rejected draft again now and then."""
     from dataclasses import replace
 
-    from eagle_eval.rules.vllm import VllmRule, coin
+    from eagle_eval.rules.base import coin
+    from eagle_eval.rules.vllm import VllmRule
 
     class WrongResidual(VllmRule):
         def node(self, p, children):

@@ -322,8 +322,9 @@ def test_a_question_cut_between_its_turns_resumes_over_two_processes(tmp_path):
 def test_profile_at_temperature_over_two_processes_equals_one(tmp_path):
     """At T > 0 the prompts (each with its samples) are split too; every draw is seeded per (prompt, sample),
     so two processes give one process's figures and per_start rows byte for byte."""
-    run = Settings.of(limit=5, max_new_tokens=8, temperature=1.0, top_p=0.95, samples_per_prompt=2)
-    api.profile(run.with_(output_dir=str(tmp_path / "one")), ProfileOptions(max_steps=3), progress=False)
+    run = Settings.of(limit=5, max_new_tokens=8, temperature=1.0, top_p=0.95)
+    api.profile(run.with_(output_dir=str(tmp_path / "one")), ProfileOptions(max_steps=3, samples_per_prompt=2),
+                progress=False)
     _torchrun("profile", *_run_args(run), "--temperature", 1.0, "--top-p", 0.95, "--samples-per-prompt", 2,
               "--max-steps", 3, "--output-dir", tmp_path / "two")
     one, two = tmp_path / "one", tmp_path / "two"

@@ -589,8 +589,8 @@ def test_responses_at_temperature_above_zero_are_taken_as_they_are(oracle, tmp_p
 
 
 def test_seeds_reproduce_runs_byte_for_byte(oracle, tmp_path):
-    opts = ProfileOptions(max_steps=3)
-    dec = dict(temperature=1.1, top_p=0.9, samples_per_prompt=2)
+    opts = ProfileOptions(max_steps=3, samples_per_prompt=2)
+    dec = dict(temperature=1.1, top_p=0.9)
     a = profile(oracle, opts, tmp_path / "a", **dec)
     b = profile(oracle, opts, tmp_path / "b", **dec)
     for name in ("per_start.jsonl", "samples.jsonl"):
@@ -599,7 +599,7 @@ def test_seeds_reproduce_runs_byte_for_byte(oracle, tmp_path):
     conts = {(p.prompt.id, i % 2): p.continuation for i, p in enumerate(a.profiled)}
     assert any(conts[(k, 0)] != conts[(k, 1)] for k, _ in conts)          # (some prompts are near-greedy)
     # other batches (one row each): the same sampled tokens, the same expectations up to float rounding
-    c = profile(oracle, ProfileOptions(max_steps=3, batch_tokens=90), **dec)
+    c = profile(oracle, ProfileOptions(max_steps=3, batch_tokens=90, samples_per_prompt=2), **dec)
     assert [p.continuation for p in c.profiled] == [p.continuation for p in a.profiled]
     for x, y in zip(a.per_start, c.per_start):
         assert x["p_accept_at_least"] == pytest.approx(y["p_accept_at_least"], abs=1e-5)

@@ -16,6 +16,7 @@ from eagle_eval.settings import (
     AblateOptions,
     ConfigError,
     Settings,
+    choices_of,
     parse_setting,
     read_settings_file,
 )
@@ -76,11 +77,11 @@ def test_a_command_refuses_an_option_it_does_not_use():
 
 def test_a_settings_file_may_not_set_what_the_command_ignores(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text("decoding: {temperature: 0.7, samples_per_prompt: 4}\n")
-    res = _invoke(["run", "--config", str(path)])
-    assert res.exit_code == 2 and "samples_per_prompt is not a setting of `run`" in res.output, res.output
-    path.write_text("decoding: {samples_per_prompt: 1}\nworkload: {limit: 1, max_new_tokens: 4}\n")
-    assert _invoke(["run", "--config", str(path)]).exit_code == 0                    # the default: harmless
+    path.write_text("output: {resume: true}\n")
+    res = _invoke(["profile", "--config", str(path)])
+    assert res.exit_code == 2 and "resume is not a setting of `profile`" in res.output, res.output
+    path.write_text("output: {resume: false}\nworkload: {limit: 1, max_new_tokens: 4}\n")
+    assert _invoke(["profile", "--config", str(path), "--max-steps", "2"]).exit_code == 0   # the default: harmless
 
 
 @pytest.mark.parametrize("command", sorted(SETTINGS_COMMANDS))
@@ -101,8 +102,8 @@ def test_every_field_is_an_option_of_every_command_with_its_help_and_choices(com
             expected.add(f.name)
             assert f.name in params, f.name
             assert params[f.name].help == f.metadata["help"], f.name
-            if f.metadata["choices"]:
-                assert list(params[f.name].type.choices) == [str(c) for c in f.metadata["choices"]], f.name
+            if choices_of(f):
+                assert list(params[f.name].type.choices) == [str(c) for c in choices_of(f)], f.name
     assert set(params) == expected, set(params) ^ expected
 
 

@@ -62,15 +62,15 @@ def no_effect(decodings: list[DecodingSettings], options=None, topks: tuple[int,
     base = decodings[0]
     if not sampled:
         out += [f"{_said(base, n)} has no effect: {_greedy_reason(decodings)}" for n in SAMPLING if _given(base, n)]
-    if _given(base, "samples_per_prompt"):
-        if not sampled:
-            out.append(f"{_said(base, 'samples_per_prompt')} has no effect: {_greedy_reason(decodings)}; one "
-                       "continuation per prompt")
-        elif responses:
-            out.append(f"{_said(base, 'samples_per_prompt')} has no effect: --responses gives one continuation "
-                       "per prompt")
     if options is None:
         return out
+    if _given(options, "samples_per_prompt"):
+        if not sampled:
+            out.append(f"{_said(options, 'samples_per_prompt')} has no effect: {_greedy_reason(decodings)}; one "
+                       "continuation per prompt")
+        elif responses:
+            out.append(f"{_said(options, 'samples_per_prompt')} has no effect: --responses gives one continuation "
+                       "per prompt")
     rules = sorted({d.accept_rule for d in sampled})
     if _given(options, "rollouts") and not any(_sampled_drafts(d.accept_rule) for d in sampled):
         why = _greedy_reason(decodings) if not sampled else (
@@ -129,7 +129,7 @@ def refuse_idle_variants(settings: Settings, named: list[tuple[str, dict]], temp
         variant = settings.with_(**overrides)
         decodings = [variant.decoding if t is None else replace(variant.decoding, temperature=t) for t in temperatures]
         if all(d.greedy for d in decodings):
-            idle = [k for k in overrides if k in SAMPLING or k == "samples_per_prompt"]
+            idle = [k for k in overrides if k in SAMPLING]
             if idle:
                 raise ConfigError(f"--vary {text!r}: {', '.join(idle)} has no effect: every profile of this variant "
                                   "is at temperature 0 (greedy: the argmax under every rule, nothing drawn)")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from eagle_eval.errors import stage
 
 
-def _sequences(oracle, prompts, continuations, need: int, pad: int, batch_tokens: int) -> list[tuple]:
+def _sequences(oracle, prompts, continuations, need: int, pad: int, batch_tokens: int,
+               samples: int = 1) -> list[tuple]:
     """(prompt, sample, continuation of `need` tokens) per sequence: sampled, or the given ones as they are
     (extended by sampling where shorter: the loop's last verify looks max_steps tokens past the answer)."""
     from eagle_eval.profile.sampled import sampled_continuations
@@ -33,7 +34,6 @@ def _sequences(oracle, prompts, continuations, need: int, pad: int, batch_tokens
             for i, c in zip(rows, more):
                 out[i] = c
         return [(p, 0, c) for p, c in zip(prompts, out)]
-    samples = dec.samples_per_prompt
     rows = [(p, s) for p in prompts for s in range(samples)]
     conts = sampled_continuations(spec, [p for p, _ in rows], [s for _, s in rows], need, pad, batch_tokens, dec)
     return [(p, s, c) for (p, s), c in zip(rows, conts)]
@@ -163,7 +163,7 @@ class _Profile:
         return {**{k: getattr(dec, k) for k in ("temperature", "top_k", "top_p", "min_p", "accept_rule",
                                                  "accept_threshold_single", "accept_threshold_acc", "seed")},
                 "filter_order": rule(dec.accept_rule).filter_order,
-                "samples_per_prompt": 1 if given else dec.samples_per_prompt,
+                "samples_per_prompt": 1 if given else opts.samples_per_prompt,
                 "continuations": ("given (--responses), taken as they are; extended by sampling past their end"
                                   if given else "sampled from the target with these settings, seeded per (prompt, "
                                                 "sample)"),
@@ -193,7 +193,8 @@ def _profile_shards(oracle, prompts, options, continuations, pad: int, progress:
     def part(items):
         conts = None if continuations is None else [c for _, c in items]
         with stage([p.id for p, _ in items], "sample continuations"):
-            seqs = _sequences(oracle, [p for p, _ in items], conts, need, pad, options.batch_tokens)
+            seqs = _sequences(oracle, [p for p, _ in items], conts, need, pad, options.batch_tokens,
+                              options.samples_per_prompt)
         run = _Profile(oracle, options, seqs, pad)
         run.run(progress and group.is_main)
         per = len(run.seqs) // max(1, len(items))          # _sequences: each prompt's samples side by side
@@ -202,7 +203,7 @@ def _profile_shards(oracle, prompts, options, continuations, pad: int, progress:
 
     items = list(zip(prompts, continuations if continuations is not None else [None] * len(prompts)))
     done = group.map_shards(items, part, weight=lambda item: (len(item[0].input_ids) + need)
-                            * (1 if continuations is not None else oracle.settings.decoding.samples_per_prompt))
+                            * (1 if continuations is not None else options.samples_per_prompt))
     pairs = [pair for rows in done for pair in rows]
     run = _Profile(oracle, options, [seq for seq, _ in pairs], pad)
     run.profiled = [prof for _, prof in pairs]
