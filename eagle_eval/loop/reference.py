@@ -13,6 +13,7 @@ sampling from the target, every draw from the `generator` given).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,10 @@ class Speculator:
     aux_hf: tuple[int, ...]        # resolved aux layers (HF indices)
     position_offset: int = 0       # 1 reproduces SGLang's draft positions before PR #25015
     policy: DecodePolicy = GREEDY  # how tokens are proposed and accepted
+    # the draft's side of one decode, built as draft_state(head, embed, position_offset, started policy): an
+    # EAGLE-3 head's DraftState, or a block drafter's (models/heads/dflash/state.py BlockDraftState); both offer
+    # real_len, extend(aux, next_ids), propose_chain(num_steps) and propose_tree(num_steps, topk)
+    draft_state: Callable[..., DraftState] = DraftState
 
     @property
     def draft_device(self):
@@ -85,7 +90,7 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
     cache = target.new_cache()
     policy = spec.policy.start(generator, spec.head.to_target_ids(torch.arange(spec.head.config.draft_vocab_size,
                                                                                 device=device)))
-    draft = DraftState(spec.head, spec.embed, spec.position_offset, policy)
+    draft = spec.draft_state(spec.head, spec.embed, spec.position_offset, policy)
     prompt = torch.tensor([prompt_ids], device=device)                 # [1, T]
     with FeatureCapture(target.layers, spec.aux_hf, device) as capture:
         logits = target.forward(prompt, cache)                         # prefill
