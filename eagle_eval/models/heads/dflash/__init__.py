@@ -1,0 +1,14 @@
+"""Block drafters: DFlash and DFlash2 (z-lab; vLLM method `dflash`, SGLang `DFLASH`), one draft forward per
+cycle over [anchor, mask x (B - 1)] whose keys and values also see the target's hidden states.
+
+Rooms: `config` (the frozen `DFlashConfig`: shapes, block, mask id, taps in every convention), `layouts` (either
+layout's config.json <-> DFlashConfig), `keys` (the audit of every config.json key), `model` (the drafter's
+layers: context features, context K/V, the block forward, one start or many), `dflash2` (the grouped dynamic
+causal convolution and the candidate selector), `io` (strict loading and the writer, z-lab and speculators
+layouts), `bind` (a drafter bound to a target: the embedding and lm_head it reads through, shapes and taps
+checked against the target), `state` (`BlockDraftState`, the loop's drafting contract).
+
+May import: torch, transformers, eagle_eval.models.heads (config helpers, RMSNorm, RoPE tables, the EAGLE-3
+key audit's tables), eagle_eval.models.files, eagle_eval.errors. Never: speculative (the decode policy comes
+in as an argument), workload, diagnose, servers, commands, api, cli.
+"""
