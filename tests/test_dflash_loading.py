@@ -169,6 +169,14 @@ def test_dflash2_codebooks_in_either_form_but_not_both(tmp_path):
         load_dflash(path)
 
 
+def test_a_missing_folder_or_config_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="not a folder"):
+        load_dflash(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json: missing"):
+        load_dflash(tmp_path / "empty")
+
+
 def test_a_separate_mask_embedding_is_refused(tmp_path):
     path = save_dflash(random_drafter(dflash_config()), tmp_path / "d")
     torch.save(torch.zeros(64), path / "mask_embedding.pt")

@@ -33,6 +33,9 @@ from eagle_eval.models.heads.io import _check_d2t_range, check_dtype, t2d_from_d
 from eagle_eval.models.heads.keys import KeyAudit, check_keys
 
 CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+# what a model id's snapshot brings (models/hub.py): no code (auto_map is never run), mask_embedding.pt so that it is
+# refused rather than missed
+DFLASH_FILES = ("*.json", "*.safetensors", "mask_embedding.pt")
 _OPTIONAL = ("d2t", "t2d", "embed_tokens.weight")        # d2t: required by _vocab_map when V_d < V
 
 
@@ -137,10 +140,13 @@ def _unexpected_hint(keys: list[str], cfg: DFlashConfig) -> str:
     return ""
 
 
-def load_dflash(path: str | Path, allow_unknown_keys: bool = False) -> LoadedDFlash:
-    """Read a DFlash / DFlash2 draft folder strictly (module docstring). Config keys that change the drafts in an
-    engine but not here are an error unless `allow_unknown_keys`."""
-    path = Path(path)
+def load_dflash(path: str | Path, allow_unknown_keys: bool = False, revision: str | None = None) -> LoadedDFlash:
+    """Read a DFlash / DFlash2 draft folder, or a model id from the HF cache (models/hub.py; `revision`), strictly
+    (module docstring). Config keys that change the drafts in an engine but not here are an error unless
+    `allow_unknown_keys`."""
+    from eagle_eval.models.hub import model_folder
+
+    path = model_folder(path, revision, "--draft", DFLASH_FILES)
     config_file, config = _read_config(path)
     layout, _ = detect_layout(config, config_file)
     audit = audit_dflash_keys(config, layout)
