@@ -40,7 +40,7 @@ def grouped_causal_conv(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tens
     for tau in range(base.shape[0]):
         shifted = F.pad(blocks, (0, 0, 0, 0, tau, 0))[:, :length]                    # row t holds x_{t-tau}
         out = out + base[tau].view(1, 1, groups, group).to(x.dtype) * shifted
-        out = out + dynamic[:, :, tau, :, None] * shifted
+        out = torch.addcmul(out, dynamic[:, :, tau, :, None], shifted)
     return out.view(b, length, hidden)
 
 
