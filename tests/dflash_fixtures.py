@@ -5,7 +5,7 @@ attention supports, so the same folders could be served by it), with the reposit
 drafter is random, or TRAINED for a few seconds on the target's greedy continuations of the prompts (every
 anchor of every sequence in one teacher-forced block forward per step), so that its drafts are accepted often
 but not always and the cycle structure is not trivial. Drafters are saved through eagle-eval's own writer
-(models/heads/dflash/io.py save_dflash).
+(heads/dflash/io.py save_dflash).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def make_qwen3_target(path: Path, seed: int = 0) -> Path:
 
 
 def dflash_config(kind: str = "dflash", layout: str = "z-lab", **kw):
-    from eagle_eval.models.heads.dflash.config import DFlashConfig
+    from eagle_eval.heads.dflash.config import DFlashConfig
 
     settings = dict(kind=kind, layout=layout, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=32, intermediate_size=128, vocab_size=VOCAB, block_size=4,
@@ -46,7 +46,7 @@ def dflash_config(kind: str = "dflash", layout: str = "z-lab", **kw):
 
 def random_drafter(cfg, seed: int = 1, own_lm_head: bool = False, with_embedding: bool = False):
     """Weights drawn N(0, 0.3) (matrices) and 1 + N(0, 0.2) (norms), so that every tensor changes the drafts."""
-    from eagle_eval.models.heads.dflash.model import DFlashDrafter
+    from eagle_eval.heads.dflash.model import DFlashDrafter
 
     torch.manual_seed(seed)
     drafter = DFlashDrafter(cfg, own_lm_head=own_lm_head, with_embedding=with_embedding)
@@ -116,12 +116,12 @@ def block_speculator(target_path: Path, draft_path: Path, policy=None):
     target (its embedding and lm_head), the taps l + 1, and BlockDraftState as the draft's side."""
     from transformers import AutoModelForCausalLM
 
-    from eagle_eval.models.heads.dflash.bind import bind
-    from eagle_eval.models.heads.dflash.io import load_dflash
-    from eagle_eval.models.heads.dflash.state import BlockDraftState
+    from eagle_eval.heads.dflash.bind import bind
+    from eagle_eval.heads.dflash.io import load_dflash
+    from eagle_eval.heads.dflash.state import BlockDraftState
     from eagle_eval.models.target import Target
-    from eagle_eval.speculative.chain import Speculator
-    from eagle_eval.speculative.policy import GREEDY
+    from eagle_eval.loop.reference import Speculator
+    from eagle_eval.loop.policy import GREEDY
 
     target = Target(AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32), str(target_path))
     head, _ = bind(load_dflash(draft_path), target)

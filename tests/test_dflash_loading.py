@@ -9,13 +9,13 @@ import torch
 from dflash_fixtures import MASK, TARGET_LAYERS, dflash_config, make_qwen3_target, random_drafter
 from fixtures import VOCAB
 
-from eagle_eval.models.heads.config import CheckpointError
-from eagle_eval.models.heads.dflash.bind import bind
-from eagle_eval.models.heads.dflash.config import default_target_layer_ids
-from eagle_eval.models.heads.dflash.io import load_dflash, save_dflash
-from eagle_eval.models.heads.dflash.state import BlockDraftState
-from eagle_eval.models.heads.keys import HeadKeyError
-from eagle_eval.speculative.policy import GREEDY
+from eagle_eval.heads.eagle3.config import CheckpointError
+from eagle_eval.heads.dflash.bind import bind
+from eagle_eval.heads.dflash.config import default_target_layer_ids
+from eagle_eval.heads.dflash.io import load_dflash, save_dflash
+from eagle_eval.heads.dflash.state import BlockDraftState
+from eagle_eval.heads.eagle3.keys import HeadKeyError
+from eagle_eval.loop.policy import GREEDY
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +210,7 @@ def test_binding_notes_another_target_depth(tmp_path, target):
 
 def _speculators_copy(drafter, target, path, used=None):
     """The same body in the speculators layout, with the target's tables as its own (lm_head rows `used` only)."""
-    from eagle_eval.models.heads.io import vocab_map_from_used
+    from eagle_eval.heads.io import vocab_map_from_used
 
     cfg = drafter.config
     spec_cfg = dflash_config(layout="speculators", draft_vocab_size=len(used) if used is not None else VOCAB)

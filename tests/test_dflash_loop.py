@@ -1,7 +1,7 @@
-"""The reference loop with a DFlash / DFlash2 block drafter (models/heads/dflash/state.py BlockDraftState) against
+"""The reference loop with a DFlash / DFlash2 block drafter (heads/dflash/state.py BlockDraftState) against
 references nobody here wrote: a naive reference written below from the notes' math (plain forwards, no cache,
 cycle by cycle), z-lab's own `dflash_generate` (PyPI dflash 0.1.0, fetched by scripts/fetch_dflash.py), plain
-greedy decoding, and at T > 0 the distribution check (speculative/lossless.py) under vllm-probabilistic."""
+greedy decoding, and at T > 0 the distribution check (rules/lossless.py) under vllm-probabilistic."""
 
 import math
 from dataclasses import replace
@@ -20,15 +20,15 @@ from dflash_fixtures import (
 )
 from scripts_by_path import load_script
 
-from eagle_eval.models.heads.dflash.io import save_dflash
-from eagle_eval.models.heads.dflash.state import BlockDraftState
-from eagle_eval.results.distribution import CellCounts, judge
+from eagle_eval.heads.dflash.io import save_dflash
+from eagle_eval.heads.dflash.state import BlockDraftState
+from eagle_eval.stats.distribution import CellCounts, judge
 from eagle_eval.settings import ConfigError, DecodingSettings
-from eagle_eval.speculative.chain import speculative_decode
-from eagle_eval.speculative.greedy import plain_greedy
-from eagle_eval.speculative.lossless import cell_counts
-from eagle_eval.speculative.rules import SampledDraftRule
-from eagle_eval.speculative.sampling import prompt_generator
+from eagle_eval.loop.reference import speculative_decode
+from eagle_eval.loop.plain import plain_greedy
+from eagle_eval.rules.lossless import cell_counts
+from eagle_eval.rules.base import SampledDraftRule
+from eagle_eval.rules.filters import prompt_generator
 
 MAX_NEW = 24
 TRAINING = {"dflash": dict(steps=20, lr=6e-3), "dflash2": dict(steps=10, lr=1e-2), "sliding": dict(steps=10, lr=1e-2)}
@@ -172,7 +172,7 @@ def naive_decode(w, cfg, model, prompt, num_steps, max_new):
 def test_the_loop_drafts_what_the_naive_reference_drafts_cycle_by_cycle(pair, kind):
     from safetensors.torch import load_file
 
-    from eagle_eval.models.heads.dflash.io import load_dflash
+    from eagle_eval.heads.dflash.io import load_dflash
 
     spec = block_speculator(pair["target"], pair[kind])
     w, cfg, model = load_file(str(pair[kind] / "model.safetensors")), load_dflash(pair[kind]).config, spec.target.model

@@ -49,7 +49,7 @@ class Speculator:
     position_offset: int = 0       # 1 reproduces SGLang's draft positions before PR #25015
     policy: DecodePolicy = GREEDY  # how tokens are proposed and accepted
     # the draft's side of one decode, built as draft_state(head, embed, position_offset, started policy): an
-    # EAGLE-3 head's DraftState, or a block drafter's (models/heads/dflash/state.py BlockDraftState); both offer
+    # EAGLE-3 head's DraftState, or a block drafter's (heads/dflash/state.py BlockDraftState); both offer
     # real_len, extend(aux, next_ids), propose_chain(num_steps) and propose_tree(num_steps, topk)
     draft_state: Callable[..., DraftState] = DraftState
 

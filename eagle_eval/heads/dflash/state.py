@@ -1,6 +1,6 @@
 """`BlockDraftState`: a block drafter's side of a decode, under the loop's drafting contract.
 
-Contract: the same calls as speculative/draft.py `DraftState`, so speculative/chain.py `speculative_decode`
+Contract: the same calls as loop/draft.py `DraftState`, so loop/reference.py `speculative_decode`
 runs a DFlash drafter unchanged (`Speculator(..., draft_state=BlockDraftState)`):
 - `real_len`: verified positions whose context K/V are held (== the target cache length between cycles);
 - `extend(aux [1, n, k*H_t], next_ids [1, n])`: the target's tapped states of the n newly verified positions
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from eagle_eval.models.heads.dflash.bind import DFlashHead
-from eagle_eval.models.heads.dflash.model import ContextKV
+from eagle_eval.heads.dflash.bind import DFlashHead
+from eagle_eval.heads.dflash.model import ContextKV
 
 
 class BlockDraftState:
@@ -32,7 +32,7 @@ class BlockDraftState:
 
     def __init__(self, head: DFlashHead, embed, position_offset: int = 0, policy=None):
         """head: dflash/bind.py DFlashHead; embed: token ids [B, T] -> [B, T, H] (the head's own `embed`: raw rows
-        x input_embedding_scale); policy: the decode's started policy (speculative/policy.py), required here."""
+        x input_embedding_scale); policy: the decode's started policy (loop/policy.py), required here."""
         if policy is None:
             raise ValueError("a block draft state drafts through the decode policy: pass the started policy")
         if position_offset:

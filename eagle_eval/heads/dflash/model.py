@@ -28,9 +28,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from eagle_eval.models.heads.dflash.config import DFLASH2, DFlashConfig
-from eagle_eval.models.heads.dflash.dflash2 import CandidateSelector, GroupedDynamicCausalConv
-from eagle_eval.models.heads.llama import RMSNorm, _rope_inv_freq, rotate_half
+from eagle_eval.heads.dflash.config import DFLASH2, DFlashConfig
+from eagle_eval.heads.dflash.dflash2 import CandidateSelector, GroupedDynamicCausalConv
+from eagle_eval.heads.eagle3.layer import RMSNorm, _rope_inv_freq, rotate_half
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]   # per draft layer: k, v [1, kv_heads, T, head_dim]
 

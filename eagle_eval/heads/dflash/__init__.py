@@ -8,7 +8,7 @@ causal convolution and the candidate selector), `io` (strict loading and the wri
 layouts), `bind` (a drafter bound to a target: the embedding and lm_head it reads through, shapes and taps
 checked against the target), `state` (`BlockDraftState`, the loop's drafting contract).
 
-May import: torch, transformers, eagle_eval.models.heads (config helpers, RMSNorm, RoPE tables, the EAGLE-3
-key audit's tables), eagle_eval.models.files, eagle_eval.errors. Never: speculative (the decode policy comes
-in as an argument), workload, diagnose, servers, commands, api, cli.
+May import: torch, transformers, eagle_eval.heads (the EAGLE-3 config helpers, RMSNorm, RoPE tables, the key
+audit's tables, io's vocab-map checks), eagle_eval.models (files, hub), eagle_eval.errors. Never: loop (the decode
+policy comes in as an argument), rules, profile, workload, diagnose, servers, commands, api, cli.
 """

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle_eval.models.heads.config import REQUIRED, CheckpointError, config_section, read_key, rope_settings
-from eagle_eval.models.heads.dflash.config import (
+from eagle_eval.heads.eagle3.config import REQUIRED, CheckpointError, config_section, read_key, rope_settings
+from eagle_eval.heads.dflash.config import (
     ARCHITECTURES,
     DEFAULT_BLOCK_SIZE,
     DFLASH,

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
-from eagle_eval.models.heads.config import CheckpointError
-from eagle_eval.models.heads.dflash.config import DFLASH2, SPECULATORS, ZLAB, DFlashConfig
-from eagle_eval.models.heads.dflash.layouts import config_json, detect_layout, dflash_config_from_json
-from eagle_eval.models.heads.dflash.keys import audit_dflash_keys
-from eagle_eval.models.heads.dflash.model import DFlashDrafter
-from eagle_eval.models.heads.io import _check_d2t_range, check_dtype, t2d_from_d2t
-from eagle_eval.models.heads.keys import KeyAudit, check_keys
+from eagle_eval.heads.eagle3.config import CheckpointError
+from eagle_eval.heads.dflash.config import DFLASH2, SPECULATORS, ZLAB, DFlashConfig
+from eagle_eval.heads.dflash.layouts import config_json, detect_layout, dflash_config_from_json
+from eagle_eval.heads.dflash.keys import audit_dflash_keys
+from eagle_eval.heads.dflash.model import DFlashDrafter
+from eagle_eval.heads.io import _check_d2t_range, check_dtype, t2d_from_d2t
+from eagle_eval.heads.eagle3.keys import KeyAudit, check_keys
 
 CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 # what a model id's snapshot brings (models/hub.py): no code (auto_map is never run), mask_embedding.pt so that it is

@@ -9,7 +9,7 @@ an id >= N does not exist, vLLM's first request then kills the engine; id N - 1 
 HF's last entry, which is AFTER the final norm, vLLM and SGLang the pre-norm output, and speculators' converter
 drops it).
 
-`DFlashHead` is what the loop holds as `Speculator.head` (speculative/chain.py reads `config.draft_vocab_size`,
+`DFlashHead` is what the loop holds as `Speculator.head` (loop/reference.py reads `config.draft_vocab_size`,
 `lm_head.weight.device`, `to_target_ids`): `embed(ids)` = raw embedding rows x input_embedding_scale (z-lab
 PyPI `_raw_input_embeddings`: `F.embedding` on the table, so a target whose embedding module scales its output
 is not scaled twice; vLLM `embed_input_ids` likewise takes the rows), `logits(y)` = lm_head(y) x
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from eagle_eval.models.heads.config import CheckpointError
-from eagle_eval.models.heads.dflash.config import ZLAB, DFlashConfig
-from eagle_eval.models.heads.dflash.model import DFlashDrafter
+from eagle_eval.heads.eagle3.config import CheckpointError
+from eagle_eval.heads.dflash.config import ZLAB, DFlashConfig
+from eagle_eval.heads.dflash.model import DFlashDrafter
 
 
 class DFlashHead:

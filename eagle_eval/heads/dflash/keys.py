@@ -1,7 +1,7 @@
 """No key of a DFlash config.json goes unread: each is consumed, known harmless, or reported.
 
 Contract: `audit_dflash_keys(config, layout)` sorts every key (the nested `dflash_config.*`,
-`transformer_layer_config.*` and `speculators_config.*` included) as models/heads/keys.py does for EAGLE-3
+`transformer_layer_config.*` and `speculators_config.*` included) as heads/eagle3/keys.py does for EAGLE-3
 heads, into the same `KeyAudit`: consumed (dflash/layouts.py `CONSUMED`), harmless (heads/keys.py `HARMLESS`
 plus `DFLASH_HARMLESS` below, each with its reason, or an engine-math key at its neutral value), engine math
 (`ENGINE_MATH` of heads/keys.py plus `DFLASH_ENGINE_MATH`: a key some engine reads that changes the drafts,
@@ -12,9 +12,9 @@ ever imported or run.
 
 from __future__ import annotations
 
-from eagle_eval.models.heads.dflash.config import SPECULATORS
-from eagle_eval.models.heads.dflash.layouts import CONSUMED
-from eagle_eval.models.heads.keys import ENGINE_MATH, HARMLESS, EngineKey, KeyAudit
+from eagle_eval.heads.dflash.config import SPECULATORS
+from eagle_eval.heads.dflash.layouts import CONSUMED
+from eagle_eval.heads.eagle3.keys import ENGINE_MATH, HARMLESS, EngineKey, KeyAudit
 
 DFLASH_HARMLESS = {
     "tie_word_embeddings": "the draft's embedding and lm_head are the target's (z-lab) or loaded by name "
