@@ -167,11 +167,11 @@ def _head_bytes(req: PlanRequest, dtype) -> tuple[dict | None, int, int]:
     from eagle_eval.models.hub import HEAD_FILES, model_folder
 
     # a head's weights are small and their header tells whether it ships its own embedding table
-    head, cfg = head_meta(model_folder(req.draft, req.draft_revision, "--draft", HEAD_FILES), dtype)
+    head, cfg, kind_name = head_meta(model_folder(req.draft, req.draft_revision, "--draft", HEAD_FILES), dtype)
     size = torch.tensor([], dtype=dtype).element_size()
     weights = sum(t.numel() * t.element_size() for t in head.state_dict(keep_vars=True).values())   # as parts_of
-    per = kind(cfg.kind).kv_bytes(cfg, size)                # the head kind's draft KV (heads/kind.py)
-    return {"path": req.draft, "kind": cfg.kind, "bytes": weights, "kv_per_token": per}, weights, per
+    per = kind(kind_name).kv_bytes(cfg, size)               # the head kind's draft KV (heads/kind.py)
+    return {"path": req.draft, "kind": kind_name, "bytes": weights, "kv_per_token": per}, weights, per
 
 
 def _attach(model, decoder_path: str, layer_kv: list[int], head_total: int, lm_head: str) -> None:

@@ -15,7 +15,7 @@ Contract:
 - `HeldModel.checkpoint`: from the safetensors index when present: its tensors the built model does not
   hold (an MTP layer transformers ignores, a wrapper's vision tower when only its text model was built),
   by pattern, and its `total_size`.
-- `head_meta(folder, dtype)` -> (head on the meta device, HeadConfig): the draft head eagle-eval would load.
+- `head_meta(folder, dtype)` -> (head on the meta device, its config, its kind): the draft head eagle-eval would load.
 - Before anything is built, `check_sizes`: every size of config.json (its text_config, the head's config) a
   whole number in range (`SIZES`); once the config object exists and before the model, `no_invented_sizes`:
   no size the file leaves out where the config class would fill in a default of its own. The models are
@@ -390,8 +390,8 @@ def _index_view(model, names: list[str], index: dict, prefix: str) -> dict:
 
 
 def head_meta(folder: Path, dtype: torch.dtype):
-    """(the draft head on the meta device in `dtype`, its HeadConfig); its own embedding table when the
-    checkpoint ships one (headers only)."""
+    """(the draft head on the meta device in `dtype`, its config, its head kind's name); its own embedding table
+    when the checkpoint ships one (headers only)."""
     from eagle_eval.heads.io import _read_config
     from eagle_eval.heads.kind import kind_of
     from eagle_eval.models.files import safetensors_header
@@ -403,4 +403,4 @@ def head_meta(folder: Path, dtype: torch.dtype):
     names = set(safetensors_header(weights, PlanError)) if weights.is_file() else set()
     with torch.device("meta"):
         head = kind.meta(config, config_file, dialect, names)
-    return head.to(dtype), head.config
+    return head.to(dtype), head.config, kind.name
