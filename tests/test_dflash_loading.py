@@ -1,4 +1,4 @@
-"""DFlash / DFlash2 checkpoints read strictly (models/heads/dflash/): both layouts, every config key accounted for,
+"""DFlash / DFlash2 checkpoints read strictly (heads/dflash/): both layouts, every config key accounted for,
 every tensor mapped and shape-checked, the drafter's shapes and taps checked against the target, and checkpoints
 written by z-lab's own PyPI classes read as they are."""
 

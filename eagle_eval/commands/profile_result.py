@@ -15,7 +15,7 @@ class ProfileResult:
     report: dict                       # holds by_num_steps {"1": {summary, per_position, histogram}, ...}
     samples: list[SampleRecord]        # rows carry run_lengths and accepted_per_cycle_by_num_steps
     oracle: Oracle | None = None
-    profiled: list = None              # speculative.profile.Profiled per prompt (continuations, run lengths)
+    profiled: list = None              # profile.teacher_forced.Profiled per prompt (continuations, run lengths)
     per_start: list | None = None      # per_start.jsonl rows: P(A >= i) of every start (results/expectation.py)
 
 

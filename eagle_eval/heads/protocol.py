@@ -1,4 +1,4 @@
-"""The draft-head interface speculative/ drives: what a head kind must provide (no torch modules here).
+"""The draft-head interface the loop and the profile drive: what a head kind must provide (no torch modules here).
 
 Contract: `DraftHead` is the per-token math of docs/eagle3.md section 2 split where drafting needs to reach in:
 fuse the target features, build the attention input (embedding first), project/attend through the head's

@@ -1,7 +1,7 @@
 """Sampled drafts (vllm-probabilistic, sglang-rs) from the one teacher-forced pass: P(A >= i) of every start,
 exactly at i = 1 and by an importance-weighted estimate along the sampled continuation deeper.
 
-Contract: d_i ~ q_i = softmax(draft logits / T) is kept with min(1, p_i(d_i) / q_i(d_i)), so (speculative/
+Contract: d_i ~ q_i = softmax(draft logits / T) is kept with min(1, p_i(d_i) / q_i(d_i)), so (profile/
 rollouts.py) P(A >= k) = sum over x_1..x_{k-1} of prod_{i<k} w_i(x_i) * alpha_k(x_<k), w_i = min(p_i, q_i),
 alpha_i = sum_x w_i(x). The continuation after start t is itself a draw from the target at these settings:
 x_{t+i} ~ p_i given x_{t+1}..x_{t+i-1}. Weighting that one path by prod w_i / p_i gives, per start,

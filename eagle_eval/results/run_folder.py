@@ -41,7 +41,7 @@ from eagle_eval.results.input_digests import file_digest, fingerprint, same_cont
 OWNER_FILE = "eagle_eval_run.json"
 LOCK_FILE = ".eagle-eval.lock"
 OWNER_SCHEMA = 3              # 2: "files" maps each name to the sha256 and size of what was written;
-#                               3: each input's fingerprint says its method and what it covers (fingerprints.py)
+#                               3: each input's fingerprint says its method and what it covers (input_digests.py)
 # names older eagle-eval versions wrote: such a folder is recognised as eagle-eval's (never resumed)
 KNOWN_FILES = frozenset({"report.json", "samples.jsonl", "run_config.json", "acceptance.csv", "profile.json",
                          "ablation.json", "ablation.csv", "ablation.png", "diagnosis.json", "server_check.json"})

@@ -304,7 +304,7 @@ _SHORT = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "f16": "fp16", 
 
 def dtype_findings(weights_file: str, run_dtype: str, target_cfg) -> list[Finding]:
     """Stored dtypes of the draft's weights (the vocab map named apart) against the target's and the run's;
-    a weight stored in a non-float type is an error (models/heads/io.check_dtype refuses it at load)."""
+    a weight stored in a non-float type is an error (heads/io.check_dtype refuses it at load)."""
     dtypes = stored_dtypes(weights_file)
     weights = {k: d for k, d in dtypes.items() if k not in ("d2t", "t2d")}
     not_float = sorted(k for k, d in weights.items() if d not in _SHORT)
