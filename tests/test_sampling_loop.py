@@ -19,6 +19,7 @@ from eagle_eval.commands.run import evaluate
 from eagle_eval.stats.distribution import CellCounts, judge
 from eagle_eval.settings import ConfigError, DecodingSettings, LoopOptions, Settings
 from eagle_eval.registry import RULES
+from eagle_eval.rules import base as rules
 from eagle_eval.loop.reference import speculative_decode
 
 CHAINS = [("vllm", 1, None), ("vllm-probabilistic", 1, None), ("sglang-rs", 1, None), ("sglang", 1, None),
