@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle_eval.errors import stage
-from eagle_eval.models.capture import AuxLayers, engine_taps, resolve_aux_layers, sglang_deepseek_family
 from eagle_eval.heads.io import LoadedHead, load_head
-from eagle_eval.models.target import Target, TargetInfo, execution_device, load_target
+from eagle_eval.heads.wired import HeadInfo, VocabMap  # noqa: F401  (re-exported: parts of Resolved)
+from eagle_eval.models.capture import AuxLayers
+from eagle_eval.models.target import Target, TargetInfo, load_target
 from eagle_eval.records import Prompt, SampleRecord
 from eagle_eval.settings import ConfigError, ModelSettings, Settings
 from eagle_eval.loop.reference import Speculator, speculative_decode
@@ -58,36 +59,6 @@ def _resolve_dtype(dtype: str) -> str:
     if dtype != "auto":
         return dtype
     return "bf16" if torch.cuda.is_available() else "fp32"
-
-
-@dataclass(frozen=True)
-class VocabMap:
-    draft_vocab_size: int
-    vocab_size: int
-    d2t: str                          # "checkpoint" | "none (full vocab)"
-    d2t_identity: bool
-
-
-@dataclass(frozen=True)
-class HeadInfo:
-    path: str
-    dialect: str
-    weights: str
-    kind: str                         # "llama" | "mla"
-    mla: dict | None
-    norm_before_residual: bool
-    rope_theta: float
-    rope_scaling: dict | None
-    variant: dict
-    keys: dict | None
-
-    def as_dict(self) -> dict:
-        d = {"path": self.path, "dialect": self.dialect, "weights": self.weights, "kind": self.kind}
-        if self.mla is not None:
-            d["mla"] = self.mla
-        d.update(norm_before_residual=self.norm_before_residual, rope_theta=self.rope_theta,
-                 rope_scaling=self.rope_scaling, variant=self.variant, keys=self.keys)
-        return d
 
 
 @dataclass(frozen=True)
@@ -143,19 +114,14 @@ class Loaded:
 
 
 def load_models(model: ModelSettings) -> Loaded:
-    """Load the target and the head of `model`, the head cast to the target's dtype on the device of its lm_head."""
+    """Load the target and the head of `model` (any head kind; a kind whose draft lives in the target's checkpoint
+    reads it there), the head cast to the target's dtype on the device of its lm_head."""
     dtype = _resolve_dtype(model.dtype)
     target, tokenizer = load_target(model.target, dtype=dtype, device_map=model.device_map,
                                     max_memory=model.max_memory, trust_remote_code=model.trust_remote_code,
                                     fp8_matmul=model.fp8_matmul, revision=model.revision)
-    head = load_head(model.draft, allow_unknown_keys=model.allow_unknown_head_keys, revision=model.draft_revision)
-    cfg = head.head.config
-    if cfg.vocab_size != target.info.vocab_size:
-        raise ConfigError(f"{head.path}/config.json: vocab_size={cfg.vocab_size} but the target "
-                          f"{model.target} has {target.info.vocab_size} output logits")
-    if cfg.target_hidden_size != target.info.hidden_size:
-        raise ConfigError(f"{head.path}/config.json: target_hidden_size={cfg.target_hidden_size} "
-                          f"but the target's hidden_size is {target.info.hidden_size}")
+    head = load_head(model.draft, allow_unknown_keys=model.allow_unknown_head_keys, revision=model.draft_revision,
+                     target=target)
     head.head.to(device=target.output_device, dtype=target.model.dtype)
     return Loaded(model=model, dtype=dtype, target=target, tokenizer=tokenizer, head=head,
                   eos_ids=frozenset(_eos_ids(tokenizer, target.model)))
@@ -316,46 +282,6 @@ def _eos_ids(tokenizer, model) -> set[int]:
     return ids
 
 
-def _choose_embedding(choice: str, loaded: LoadedHead, target) -> tuple[object, str]:
-    """(embedding module, which table) following --draft-embedding (vLLM's rule for `auto`)."""
-    head = loaded.head
-    target_table = target.input_embeddings
-    own = head.embed_tokens
-    compatible = tuple(target_table.weight.shape) == (head.config.vocab_size, head.config.hidden_size)
-    if choice == "own" or (choice == "auto" and own is not None):
-        if own is None:
-            raise ConfigError(f"--draft-embedding own: {loaded.weights_file} has no 'embed_tokens.weight'")
-        same = compatible and torch.equal(own.weight.detach().cpu().to(target_table.weight.dtype),
-                                          target_table.weight.detach().cpu())
-        if choice == "own" or not same:
-            return own, "draft (own embed_tokens in the checkpoint)"
-    if not compatible:
-        raise ConfigError(
-            f"{loaded.path}: the target's embedding table is {list(target_table.weight.shape)} but the head "
-            f"needs [{head.config.vocab_size}, {head.config.hidden_size}] and has no embed_tokens of its own")
-    return target_table, "target (the target's embed_tokens)"
-
-
-def _train_acc(model: ModelSettings, head_dir) -> dict | None:
-    """The head's training-time per-step accuracy: --train-acc, else the head folder's file, else None."""
-    from eagle_eval.heads.training_metrics import read_train_acc
-
-    if model.train_acc is not None:
-        return {"acc": list(model.train_acc), "source": "--train-acc"}
-    found = read_train_acc(head_dir)
-    return {"acc": list(found[0]), "source": found[1]} if found else None
-
-
-def _head_info(loaded: LoadedHead) -> HeadInfo:
-    from eagle_eval.heads.kind import kind
-
-    cfg = loaded.head.config
-    return HeadInfo(path=loaded.path, dialect=loaded.dialect, weights=loaded.weights_file, kind=loaded.kind,
-                    mla=kind(loaded.kind).info(cfg).get("mla"), norm_before_residual=cfg.norm_before_residual,
-                    rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling, variant=cfg.variant(),
-                    keys=loaded.key_audit.as_dict() if loaded.key_audit is not None else None)
-
-
 def load_oracle(settings: Settings, like: Oracle | None = None) -> Oracle:
     """Load the weights of `settings.model` and wire them as the rest of `settings` says; `like`: an oracle
     whose loaded weights are reused when its model settings are the same (a test suite's, a caller's)."""
@@ -364,7 +290,7 @@ def load_oracle(settings: Settings, like: Oracle | None = None) -> Oracle:
     return wire(settings, load_models(settings.model))
 
 
-def _decode_policy(settings: Settings, lh: LoadedHead) -> tuple[object, dict]:
+def _decode_policy(settings: Settings, lh: LoadedHead, vocab) -> tuple[object, dict]:
     """The loop's decode policy and its echo: GREEDY at temperature 0, else the accept rule's
     (rules/base.py, which refuses what the engine refuses)."""
     from eagle_eval.loop.policy import GREEDY
@@ -374,60 +300,37 @@ def _decode_policy(settings: Settings, lh: LoadedHead) -> tuple[object, dict]:
                         "filter_order": "none: argmax (temperature 0, the same under every rule)"}
     from eagle_eval.rules.base import describe, policy_for
 
-    cfg, topk = lh.head.config, settings.speculation.topk
-    return (policy_for(settings.decoding, topk, lh.path or "the draft head", cfg.draft_vocab_size, cfg.vocab_size),
-            describe(settings.decoding, topk))
+    topk = settings.speculation.topk
+    return (policy_for(settings.decoding, topk, lh.path or "the draft head", vocab.draft_vocab_size,
+                       vocab.vocab_size), describe(settings.decoding, topk))
 
 
 def wire(settings: Settings, loaded: Loaded) -> Oracle:
-    """An oracle over already loaded weights: every setting resolved, the load-time checks run."""
-    from eagle_eval.heads.checks.sanity import load_findings
+    """An oracle over already loaded weights: every setting resolved, the head wired by its kind (heads/kind.py
+    `HeadKind.wire`: taps, embedding, vocab map, load-time checks), the decode policy chosen."""
+    from eagle_eval.heads.kind import kind
+    from eagle_eval.loop.draft import DraftState
 
     spec_s, target, lh = settings.speculation, loaded.target, loaded.head
-    if spec_s.topk > lh.head.config.draft_vocab_size:      # a draft step proposes its top-k of the draft vocab
+    wired = kind(lh.kind).wire(settings, lh, target, loaded.weight_checks)
+    vocab = wired.vocab_map
+    if spec_s.topk > vocab.draft_vocab_size:      # a draft step proposes its top-k of the draft vocab
         raise ConfigError(f"--topk {spec_s.topk}: the head {lh.path or '(in memory)'} drafts from "
-                          f"{lh.head.config.draft_vocab_size} tokens, so topk <= {lh.head.config.draft_vocab_size}")
-    policy, decoding = _decode_policy(settings, lh)
+                          f"{vocab.draft_vocab_size} tokens, so topk <= {vocab.draft_vocab_size}")
+    policy, decoding = _decode_policy(settings, lh, vocab)
     num_draft_tokens, notes = resolve_speculative(spec_s.num_steps, spec_s.topk, spec_s.num_draft_tokens)
-    notes = list(lh.key_notes) + notes
-    head = lh.head
-    from eagle_eval.heads.kind import kind
-    from eagle_eval.models.capture import default_hf_layers
-
-    taps = kind(lh.kind).default_taps(target.num_layers, head.config)      # the head kind's own default taps
-    own = None if taps == default_hf_layers(target.num_layers) else (taps, f"the {lh.kind} head kind's default HF {taps}")
-    aux = resolve_aux_layers(target.num_layers, head.config.num_aux, spec_s.aux_layers, spec_s.aux_convention,
-                             lh.aux_ids_sglang, lh.aux_ids_vllm, default=own)
-    draft_device = target.output_device
-    table, table_name = _choose_embedding(spec_s.draft_embedding, lh, target)
-    table_device = execution_device(table, target.model)     # an offloaded table computes on its hook's device
-    dtype_t = head.lm_head.weight.dtype
-
-    def embed(ids: torch.Tensor) -> torch.Tensor:
-        return table(ids.to(table_device)).to(draft_device, dtype_t)
-
-    reduced = head.config.draft_vocab_size < head.config.vocab_size
-    d2t_identity = bool((head.d2t == 0).all())
-    if reduced and d2t_identity:
-        notes.append(f"{lh.weights_file}: d2t is all zeros (identity) on a reduced draft vocab "
-                     f"({head.config.draft_vocab_size} < {head.config.vocab_size}): draft ids map to "
-                     "the first target ids, which is almost certainly wrong")
+    notes = list(wired.notes) + notes
     for n in notes:
         warnings.warn(n, stacklevel=3)
-    engines = engine_taps(target.num_layers, lh.aux_ids_sglang, lh.aux_ids_vllm,
-                          deepseek_family=sglang_deepseek_family(target.model.config))
     resolved = Resolved(
         num_steps=spec_s.num_steps, topk=spec_s.topk, num_draft_tokens=num_draft_tokens,
-        num_draft_tokens_given=spec_s.num_draft_tokens, eagle_params=spec_s.eagle_params, aux=aux, engines=engines,
-        embedding=table_name,
-        vocab_map=VocabMap(head.config.draft_vocab_size, head.config.vocab_size,
-                           "checkpoint" if lh.d2t_in_checkpoint else "none (full vocab)", d2t_identity),
-        head=_head_info(lh), target=target.info, draft_device=str(draft_device), dtype=loaded.dtype,
-        position_offset=spec_s.position_offset, train_acc=_train_acc(settings.model, lh.path) if lh.path else None,
-        sanity=tuple(load_findings(target, lh, aux, spec_s.aux_layers, table_name, loaded.weight_checks))
-        if lh.path else (), decoding=decoding)
-    spec = Speculator(target=target, head=head, embed=embed, aux_hf=aux.hf, position_offset=spec_s.position_offset,
-                      policy=policy)
+        num_draft_tokens_given=spec_s.num_draft_tokens, eagle_params=spec_s.eagle_params, aux=wired.aux,
+        engines=wired.engines, embedding=wired.embedding, vocab_map=vocab, head=wired.info, target=target.info,
+        draft_device=str(target.output_device), dtype=loaded.dtype, position_offset=spec_s.position_offset,
+        train_acc=wired.train_acc, sanity=wired.sanity, decoding=decoding)
+    spec = Speculator(target=target, head=wired.head, embed=wired.embed, aux_hf=wired.aux.hf,
+                      position_offset=spec_s.position_offset, policy=policy,
+                      draft_state=wired.draft_state or DraftState)
     return Oracle(settings=settings, resolved=resolved, speculator=spec, loaded=loaded, warnings=notes)
 
 

@@ -56,6 +56,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from eagle_eval import api  # noqa: E402
 from eagle_eval.heads.eagle3.layer import Eagle3Head, HeadConfig  # noqa: E402
 from eagle_eval.heads.io import LoadedHead  # noqa: E402
+from eagle_eval.heads.eagle3.wire import wire_eagle3  # noqa: E402
 from eagle_eval.heads.kind import HeadKind  # noqa: E402
 from eagle_eval.registry import HEAD_KINDS, RULES  # noqa: E402
 from eagle_eval.rules import base  # noqa: E402
@@ -96,7 +97,7 @@ TOY_KIND = HeadKind(
     default_taps=lambda num_layers, cfg: [1, 2, 3],
     kv_bytes=lambda cfg, size: 2 * cfg.num_key_value_heads * cfg.head_dim * size + 7,
     meta=lambda config, config_file, dialect, names: Eagle3Head(HeadConfig(**config["toy"])),
-    info=lambda cfg: {})
+    info=lambda cfg: {}, wire=wire_eagle3)
 
 
 @pytest.fixture

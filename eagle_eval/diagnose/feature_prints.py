@@ -16,12 +16,11 @@ def fingerprint(oracle, prompt, tokens: int = FINGERPRINT_TOKENS, values: int = 
     """First values and L2 norms of each aux feature HF[i] at the first prompt tokens."""
     import torch
 
-    from eagle_eval.models.capture import FeatureCapture
 
     spec = oracle.speculator
     target, hf = spec.target, spec.aux_hf
     ids = torch.tensor([prompt.input_ids[:tokens]])
-    with torch.no_grad(), FeatureCapture(target.layers, hf, spec.draft_device) as cap:
+    with torch.no_grad(), target.capture(hf, spec.draft_device) as cap:
         target.forward(ids, None)
         feats = cap.pop()[0].float()                              # [t, k*H_t]
     h = target.info.hidden_size

@@ -216,11 +216,17 @@ def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) ->
         raise said_by(f"{config_file}: a size or setting has the wrong type or value", exc, CheckpointError) from exc
 
 
-def load_head(path: str | Path, allow_unknown_keys: bool = False, revision: str | None = None) -> LoadedHead:
+def load_head(path: str | Path, allow_unknown_keys: bool = False, revision: str | None = None,
+              target=None) -> LoadedHead:
     """Read a draft head checkpoint folder (any kind, any dialect: heads/kind.py), or a model id from the HF cache
     (models/hub.py; `revision`), strictly. Config keys that change the math in an engine but not here are an error
-    unless `allow_unknown_keys` (heads/eagle3/keys.py)."""
-    from eagle_eval.heads.kind import kind_of
+    unless `allow_unknown_keys` (heads/eagle3/keys.py). `target`: the loaded target (models/target.py), for a kind
+    whose draft is read from the target's own checkpoint (`HeadKind.keyword`, e.g. `--draft mtp`)."""
+    from eagle_eval.heads.kind import kind_of, keyword_kind
+
+    by_keyword = keyword_kind(str(path))
+    if by_keyword is not None:
+        return by_keyword.load_from_target(target, allow_unknown_keys)
     from eagle_eval.models.hub import HEAD_FILES, model_folder
 
     path = model_folder(path, revision, "--draft", HEAD_FILES)

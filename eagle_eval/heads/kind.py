@@ -3,8 +3,10 @@
 Contract: `HeadKind` is what a kind's folder registers (`registry.HEAD_KINDS`, one line each): how its
 checkpoint is recognised (`detect`: config.json -> the kind's dialect, or None), loaded strictly (`load`), which
 target tensors it taps when its config names none (`default_taps`), its load-time checks of its own (`checks`),
-its draft KV bytes per token for `plan` (`kv_bytes`), its head built on the meta device for `plan` (`meta`), and
-what a report echoes of it (`info`). `kind_of(config)` finds the one kind that claims a config.json (two that do
+its draft KV bytes per token for `plan` (`kv_bytes`), its head built on the meta device for `plan` (`meta`), what a
+report echoes of it (`info`), and how it is wired to a target for one run (`wire`: heads/wired.py Wired, taps,
+embedding, vocab map, checks, the loop's drafting state). A kind whose draft lives inside the target's checkpoint
+(an MTP layer) is named by a keyword (`--draft mtp`) and read from the loaded target (`load_from_target`). `kind_of(config)` finds the one kind that claims a config.json (two that do
 are a bug: refused by name). A new kind is one folder plus one registry line (tests/test_seams.py registers a toy
 kind from a test file).
 """
@@ -29,7 +31,10 @@ class HeadKind:
     kv_bytes: Callable            # (head config, bytes per element) -> the draft's KV bytes per token
     meta: Callable                # (config, config_file, dialect, tensor names) -> the head on the meta device
     info: Callable                # (head config) -> the kind's own keys of the report's head echo
+    wire: Callable                # (settings, loaded head, target, weight-check cache) -> heads/wired.py Wired
     checks: Callable | None = None    # (loaded head, raw config, target text config) -> findings of this kind
+    keyword: str | None = None    # `--draft KEYWORD` reads this kind from the TARGET's checkpoint (e.g. "mtp")
+    load_from_target: Callable | None = None   # (loaded target, allow_unknown_keys) -> io.LoadedHead, for `keyword`
 
 
 def kind_of(config: dict, config_file: Path) -> tuple[HeadKind, str]:
@@ -45,6 +50,11 @@ def kind_of(config: dict, config_file: Path) -> tuple[HeadKind, str]:
         raise CheckpointError(f"{config_file}: key 'architectures' = {archs!r}; expected one of "
                               + "; ".join(k.architectures for k in HEAD_KINDS.records()))
     return claims[0]
+
+
+def keyword_kind(draft: str) -> HeadKind | None:
+    """The kind that `--draft DRAFT` names by keyword (it reads the target's own checkpoint), or None."""
+    return next((k for k in HEAD_KINDS.records() if k.keyword is not None and k.keyword == draft), None)
 
 
 def kind(name: str) -> HeadKind:

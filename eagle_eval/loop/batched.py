@@ -300,7 +300,7 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
     draft_vocab = spec.head.to_target_ids(torch.arange(spec.head.config.draft_vocab_size, device=spec.draft_device))
     held: list[int | None] = [None] * batch           # the prompt each row holds
     queue = iter(range(len(prompts)))
-    with FeatureCapture(spec.target.layers, spec.aux_hf, spec.draft_device) as capture:
+    with spec.target.capture(spec.aux_hf, spec.draft_device) as capture:
         def fill(free: list[int]) -> None:
             """Give each free row the next prompt that needs cycles (prompts that end at their first
             token are done in their prefill), the rows' prefills batched (`prefill_groups`)."""

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.models.target import Target
 from eagle_eval.loop.draft import DraftState, EmbedFn
 from eagle_eval.loop.policy import GREEDY, DecodePolicy
@@ -92,7 +91,7 @@ def speculative_decode(spec: Speculator, prompt_ids: list[int], num_steps: int, 
                                                                                 device=device)))
     draft = spec.draft_state(spec.head, spec.embed, spec.position_offset, policy)
     prompt = torch.tensor([prompt_ids], device=device)                 # [1, T]
-    with FeatureCapture(target.layers, spec.aux_hf, device) as capture:
+    with target.capture(spec.aux_hf, device) as capture:
         logits = target.forward(prompt, cache)                         # prefill
         aux = capture.pop()                                            # [1, T, k*H_t]
         first = policy.first_token(logits[0, -1])

@@ -49,6 +49,11 @@ class AuxLayers:
         return self.num_layers in self.hf
 
     @property
+    def final_postnorm(self) -> bool:
+        """True when the last hidden state after the final norm (index N + 1, a head kind's own tap) is tapped."""
+        return self.num_layers + 1 in self.hf
+
+    @property
     def sglang(self) -> list[int]:
         return [i - 1 for i in self.hf]
 
@@ -57,8 +62,11 @@ class AuxLayers:
         return list(self.hf)
 
     def as_dict(self) -> dict:
-        return {"hf": list(self.hf), "sglang": self.sglang, "vllm": self.vllm, "boundary": self.boundary,
-                "final_prenorm": self.final_prenorm, "source": self.source}
+        out = {"hf": list(self.hf), "sglang": self.sglang, "vllm": self.vllm, "boundary": self.boundary,
+               "final_prenorm": self.final_prenorm, "source": self.source}
+        if self.final_postnorm:
+            out["final_postnorm"] = True
+        return out
 
 
 def to_hf(ids, convention: str) -> list[int]:
@@ -124,6 +132,14 @@ def resolve_aux_layers(num_layers: int, num_aux: int = 3, cli_ids=None, cli_conv
     else:
         boundary = False
         hf, source = default or (default_hf_layers(num_layers), "default HF[2], HF[N//2], HF[N-3]")
+        if default is not None and post_norm_index(num_layers) in hf:    # a kind's own tap after the final norm
+            boundary = True
+            hf = [i for i in hf if i != post_norm_index(num_layers)]
+            if len(hf) + 1 != num_aux or any(not 0 <= i <= num_layers for i in hf):
+                raise AuxLayerError(f"aux layers {default[0]} (from {source}) out of range or not {num_aux} for a "
+                                    f"target with {num_layers} layers")
+            return AuxLayers(hf=tuple(sorted(hf)) + (post_norm_index(num_layers),), num_layers=num_layers,
+                             source=source)
     top = num_layers if boundary else num_layers - 1
     out_of_range = [i for i in hf if not 0 <= i <= top]
     if out_of_range:
@@ -142,16 +158,24 @@ def resolve_aux_layers(num_layers: int, num_aux: int = 3, cli_ids=None, cli_conv
     return AuxLayers(hf=tuple(sorted(hf)), num_layers=num_layers, source=source)
 
 
+def post_norm_index(num_layers: int) -> int:
+    """The internal index of the target's last hidden state AFTER its final norm (what the lm_head reads, and what
+    HF's output_hidden_states[N] is): N + 1. Only a head kind's own taps name it (an MTP layer reads it); no id
+    convention does."""
+    return num_layers + 1
+
+
 class FeatureCapture:
     """Forward pre-hooks on the decoder layers that keep the inputs at the chosen HF indices; index
-    N = len(layers) is a forward hook on the last layer keeping its output (before the final norm).
+    N = len(layers) is a forward hook on the last layer keeping its output (before the final norm), and index
+    N + 1 (`post_norm_index`) one on `final_norm` keeping its output (after it).
 
     Usage: `with FeatureCapture(layers, aux.hf, device) as cap: model(...); feats = cap.pop()`;
     `pop()` returns [B, T, k*H_t] on `device`, blocks in ascending HF order.
     """
 
-    def __init__(self, layers, hf_indices, device):
-        self.layers, self.hf, self.device = layers, tuple(hf_indices), device
+    def __init__(self, layers, hf_indices, device, final_norm=None):
+        self.layers, self.hf, self.device, self.final_norm = layers, tuple(hf_indices), device, final_norm
         self._store: dict[int, torch.Tensor] = {}
         self._handles = []
 
@@ -169,8 +193,14 @@ class FeatureCapture:
     def __enter__(self):
         n = len(self.layers)
         for i in self.hf:
-            handle = (self.layers[n - 1].register_forward_hook(self._output_hook(i)) if i == n else
-                      self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
+            if i == post_norm_index(n):
+                if self.final_norm is None:
+                    raise RuntimeError("the target's hidden state after its final norm was asked for, but no final "
+                                       "norm module was given (Target.capture passes it)")
+                handle = self.final_norm.register_forward_hook(self._output_hook(i))
+            else:
+                handle = (self.layers[n - 1].register_forward_hook(self._output_hook(i)) if i == n else
+                          self.layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True))
             self._handles.append(handle)
         return self
 

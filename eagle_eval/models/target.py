@@ -143,6 +143,7 @@ class Target:
         text = find_text_decoder(model, path or type(model).__name__, TargetError)
         self.layers, self.text_config = text.layers, text.config
         self.input_embeddings, self.output_embeddings = text.input_embeddings, text.output_embeddings
+        self.final_norm = text.final_norm
         self.num_layers = len(self.layers)
         self.input_device = execution_device(self.input_embeddings, model)
         self.output_device = execution_device(self.output_embeddings, model)
@@ -160,6 +161,13 @@ class Target:
             text_architecture=cfg.model_type if cfg is not model.config and cfg.model_type != own_type else None,
             sliding_window=min(windows) if windows else None, rope_switch=longrope_switch(cfg),
             experts=probe_experts(model, self.input_device))
+
+    def capture(self, hf_indices, device):
+        """The forward hooks that keep the target's hidden states at `hf_indices` (models/capture.py; index N + 1 =
+        after the final norm)."""
+        from eagle_eval.models.capture import FeatureCapture
+
+        return FeatureCapture(self.layers, hf_indices, device, self.final_norm)
 
     def new_cache(self):
         from transformers import DynamicCache

@@ -34,6 +34,7 @@ class TextDecoder:
     config: object                       # the text config: hidden_size, num_hidden_layers, RoPE, MLA dims
     input_embeddings: torch.nn.Module    # token ids -> [.., H_t]
     output_embeddings: torch.nn.Module   # lm_head [V, H_t]
+    final_norm: torch.nn.Module | None = None   # the stack's final norm (`norm`), applied before the lm_head
 
     @property
     def layers(self) -> torch.nn.ModuleList:
@@ -84,5 +85,6 @@ def find_text_decoder(model, where: str, error: type[Exception]) -> TextDecoder:
         raise error(f"{where}: {type(model).__name__} has no {missing} on the path to its text decoder "
                     f"({names.get(id(module))}): eagle-eval needs a model with a language-model head")
     config = model.config.get_text_config(decoder=True)
-    return TextDecoder(stack=module, path=names[id(module)], config=config,
-                       input_embeddings=inputs, output_embeddings=outputs)
+    norm = getattr(module, "norm", None)
+    return TextDecoder(stack=module, path=names[id(module)], config=config, input_embeddings=inputs,
+                       output_embeddings=outputs, final_norm=norm if isinstance(norm, torch.nn.Module) else None)

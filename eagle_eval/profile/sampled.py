@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.profile.branches import BranchCache, KnownNodes, probs_at, shared_nodes
 from eagle_eval.loop.reference import Speculator
 from eagle_eval.profile.expected import chain_accept, chain_at_least
@@ -107,7 +106,7 @@ def teacher_forced(spec: Speculator, items: list, pad_id: int) -> _Pass:
         ids[row, : len(s)] = torch.tensor(s)
         mask[row, : len(s)] = 1
     cache = target.new_cache()
-    with FeatureCapture(target.layers, spec.aux_hf, device) as cap:
+    with target.capture(spec.aux_hf, device) as cap:
         logits = target.forward(ids, cache, attention_mask=mask, upcast=False)      # [B, W, V]
         aux = cap.pop()                                                            # [B, W, k*H_t]
     return _Pass(ids.to(device), logits, aux, cache, width, [len(p.input_ids) for p, _ in items],

@@ -19,7 +19,6 @@ from typing import Callable
 
 import torch
 
-from eagle_eval.models.capture import FeatureCapture
 from eagle_eval.records import Prompt
 from eagle_eval.loop.reference import Decoded, Speculator, emit
 from eagle_eval.profile.unroll import TreePools, unroll_trees
@@ -175,7 +174,7 @@ def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_s
     for row, s in enumerate(seqs):
         ids[row, : len(s)] = torch.tensor(s)
         mask[row, : len(s)] = 1
-    with FeatureCapture(target.layers, spec.aux_hf, device) as cap:
+    with target.capture(spec.aux_hf, device) as cap:
         logits = target.forward(ids, None, attention_mask=mask, upcast=False)  # [B, W, V]
         aux = cap.pop()                                                        # [B, W, k*H_t]
     ids = ids.to(device)

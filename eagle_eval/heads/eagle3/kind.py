@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from eagle_eval.heads import io
 from eagle_eval.heads.eagle3.config import MLA
+from eagle_eval.heads.eagle3.wire import wire_eagle3
 from eagle_eval.heads.kind import HeadKind
 from eagle_eval.models.capture import default_hf_layers
 
@@ -29,4 +30,4 @@ KIND = HeadKind(
     architectures="'LlamaForCausalLMEagle3' (SpecForge/SGLang), 'LlamaForCausalLM' (EAGLE official), "
                   "'Eagle3Speculator' (speculators)",
     detect=detect, load=io.load_eagle3, default_taps=lambda num_layers, cfg: default_hf_layers(num_layers),
-    kv_bytes=kv_bytes, meta=meta, info=lambda cfg: {})
+    kv_bytes=kv_bytes, meta=meta, info=lambda cfg: {}, wire=wire_eagle3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from eagle_eval.heads import io
 from eagle_eval.heads.eagle3.config import MLA
+from eagle_eval.heads.eagle3.wire import wire_eagle3
 from eagle_eval.heads.kind import HeadKind
 from eagle_eval.heads.mla.checks import mla_findings
 from eagle_eval.models.capture import default_hf_layers
@@ -26,4 +27,4 @@ KIND = HeadKind(
     architectures="'Eagle3DeepseekV2ForCausalLM' (MLA draft layer)",
     detect=lambda config: MLA if io.eagle3_dialect(config) == MLA else None, load=io.load_eagle3,
     default_taps=lambda num_layers, cfg: default_hf_layers(num_layers), kv_bytes=kv_bytes, meta=meta,
-    info=lambda cfg: {"mla": cfg.variant()["mla"]}, checks=mla_findings)
+    info=lambda cfg: {"mla": cfg.variant()["mla"]}, wire=wire_eagle3, checks=mla_findings)
