@@ -315,8 +315,18 @@ def _run(kw: dict) -> None:
         click.echo(f"\nwrote {out}/report.json, {out}/samples.jsonl and {out}/acceptance.csv")
     if result.report["summary"]["lossless"] is False:
         sys.exit(ExitCode.FAILED)
+    _exit_on_context_finding(result.report)
     if result.report["summary"].get("distribution_check", {}).get("verdict") == "undecided":
         sys.exit(ExitCode.UNDECIDED)        # temperature > 0: too few tokens to decide (never "lossless")
+
+
+def _exit_on_context_finding(report: dict) -> None:
+    """--train-context: acceptance decayed past it exits 1, undecided 3 (results/context.py `finding_status`)."""
+    from eagle_eval.results.context import finding_status
+
+    status = finding_status(report)
+    if status:
+        sys.exit(status)
 
 
 def _profile(kw: dict) -> None:
@@ -329,6 +339,7 @@ def _profile(kw: dict) -> None:
     echo(render_steps_table(result.report) + _load_findings_text(result.report), caught)
     if out:
         click.echo(f"\nwrote {out}/profile.json, {out}/samples.jsonl and {out}/per_start.jsonl")
+    _exit_on_context_finding(result.report)
 
 
 def _ablate(kw: dict) -> None:
@@ -416,15 +427,34 @@ for _name in SETTINGS_COMMANDS:
     main.factories[_name] = (lambda n: lambda: _settings_command(n))(_name)
 
 
+REPORT_OPTIONS = {"context_buckets": None, "train_context": None}       # (field, its group), filled below
+
+
+def _report_options(fn):
+    """`report`'s context options, declared once in settings.py like every option (OutputSettings.context_buckets,
+    ModelSettings.train_context)."""
+    from eagle_eval.settings import ModelSettings, OutputSettings
+
+    for cls in (ModelSettings, OutputSettings):
+        for f in fields(cls):
+            if f.name in REPORT_OPTIONS:
+                REPORT_OPTIONS[f.name] = (f, cls)
+    for name in reversed(list(REPORT_OPTIONS)):
+        fn = _click_option(*REPORT_OPTIONS[name])(fn)
+    return fn
+
+
 @main.command("report")
 @click.argument("results", nargs=-1, required=True)
 @click.option("--markdown/--no-markdown", default=False, help="Markdown tables instead of the terminal table.")
 @click.option("--csv", "csv_path", default=None, help="Write the per-group acceptance CSV here.")
 @click.option("--plot", "plot_path", default=None,
-              help="Write a PNG: per-position acceptance curves and tau by category (needs matplotlib).")
-def report_command(results, markdown, csv_path, plot_path):
+              help="Write a PNG: per-position acceptance curves, tau by category and by context (needs matplotlib).")
+@_report_options
+def report_command(results, markdown, csv_path, plot_path, **context):
     """Re-render saved results (report.json files or run folders) without loading a model;
-    with two results, also their differences, flagging those beyond sampling noise."""
+    with two results, also their differences, flagging those beyond sampling noise. --context-buckets and
+    --train-context re-bucket runs, profiles and server-checks by context from the records saved beside them."""
     from eagle_eval.errors import USER_ERRORS
     from eagle_eval.results import comparison as compare
 
@@ -433,6 +463,10 @@ def report_command(results, markdown, csv_path, plot_path):
         from eagle_eval.servers.check import render_server_check
 
         loaded = [compare.load_result(p) for p in results]
+        given = {k: _from_cli(*REPORT_OPTIONS[k], v) for k, v in context.items()
+                 if click.get_current_context().get_parameter_source(k) == ParameterSource.COMMANDLINE}
+        if given:
+            loaded = [_rebucketed(r, given) for r in loaded]
         click.echo(compare.render_results(loaded, markdown=markdown, renderers={
             "diagnosis": render_diagnosis, "server_check": render_server_check}))
         if csv_path:
@@ -447,6 +481,23 @@ def report_command(results, markdown, csv_path, plot_path):
     except USER_ERRORS as exc:
         fail(str(exc), exc)
     sys.exit(compare.results_status(loaded))
+
+
+def _rebucketed(result, given: dict):
+    """A saved result re-bucketed by context (results/context.py `rebucket`) with the options given, the others
+    as it was made; its exit status again from its findings."""
+    from dataclasses import replace
+
+    from eagle_eval.results.context import rebucket
+    from eagle_eval.results.saved import status_of
+    from eagle_eval.settings import ModelSettings, OutputSettings
+
+    cfg = result.report.get("config") or {}
+    edges = given.get("context_buckets", cfg.get("context_buckets"))
+    train = given.get("train_context", cfg.get("train_context"))
+    OutputSettings(context_buckets=edges), ModelSettings(train_context=train)         # checked as run checks them
+    report = rebucket(result.kind, result.report, result.path, edges, train)
+    return replace(result, report=report, status=status_of(report, result.kind, result.findings, result.path))
 
 
 def reference_markdown() -> str:

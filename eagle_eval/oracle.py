@@ -358,7 +358,7 @@ def checked_workload(oracle: Oracle, extra: int | None = None, workload=None):
     with `extra` more; default: a decode's)."""
     from eagle_eval.workload.data import check_prompts
 
-    workload = workload or load_workload(oracle.settings.workload, oracle.tokenizer)
+    workload = workload or load_workload(oracle.settings.workload, oracle.tokenizer, oracle.limits(extra))
     check_prompts(workload.first_prompts, oracle.limits(extra), workload.resolved["dataset_source"]["path"])
     return workload
 

@@ -1,12 +1,13 @@
 """Settings: one typed, frozen object per run, in groups, validated once; the CLI is generated from it.
 
 Contract: `Settings` holds what the oracle needs, in the groups a reader looks for:
-- `model`: what is loaded (target, head, dtype, placement, quantized matmuls, the head's training accuracy);
+- `model`: what is loaded (target, head, dtype, placement, quantized matmuls, the head's training accuracy and
+  sequence length);
 - `speculation`: how drafts are made and verified (steps, topk, draft tokens, aux layers and their
   convention, embedding table, positions);
 - `decoding`: how tokens are chosen (greedy at temperature 0, else sampling under an engine's rule; the seed);
-- `workload`: which prompts, how they are rendered, how long each decode runs;
-- `output`: where results go (folder, resume, overwrite).
+- `workload`: which prompts, how they are rendered (long contexts built from them), how long each decode runs;
+- `output`: where results go (folder, resume, overwrite) and the context buckets of the acceptance.
 Each command adds its own small group of options (`LoopOptions` for run, `ProfileOptions`,
 `AblateOptions` here; `DiagnoseOptions` and `ServerCheckOptions` beside their commands, which know
 the engines and checks they name). Every field is declared with `opt(...)`, whose metadata holds
@@ -109,6 +110,28 @@ def parse_names(text, option: str = "--categories") -> tuple[str, ...] | None:
     if text is None or not str(text).strip():
         return None
     return tuple(p.strip() for p in str(text).split(",") if p.strip())
+
+
+def parse_context_buckets(text, option: str = "--context-buckets") -> tuple[int, ...] | None:
+    """'auto' (or blank) -> None: powers of two over the contexts seen (stats/context.py `auto_edges`);
+    '0,512,2048' -> (0, 512, 2048), checked by `check_context_edges`.
+
+    >>> parse_context_buckets("auto"), parse_context_buckets("512,2048")
+    (None, (512, 2048))
+    """
+    if text is None or str(text).strip().lower() in ("", "auto"):
+        return None
+    edges = _parse_list(text, _int, f"{option} must be auto or increasing token counts, e.g. 0,512,2048,8192")
+    check_context_edges(edges, option)
+    return edges
+
+
+def check_context_edges(edges, option: str = "--context-buckets") -> None:
+    if edges is None:
+        return
+    if not edges or any(e < 0 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ConfigError(f"{option} must be auto or strictly increasing token counts >= 0 (bucket edges, e.g. "
+                          f"0,512,2048,8192), got {','.join(map(str, edges)) or 'none'}")
 
 
 def parse_bool(text, option: str) -> bool:
@@ -253,10 +276,15 @@ class ModelSettings(Group):
     train_acc: tuple[float, ...] | None = opt(
         None, "The head's training-time validation accuracy per draft step, acc_1,acc_2,... (SpecForge acc_k); "
         "default: the head folder's training_metrics.json. Set beside the measured rates.", parse=parse_floats)
+    train_context: int | None = opt(
+        None, "The draft's training sequence length (tokens): the acceptance by context says which buckets lie past "
+        "it and whether acceptance decayed there (decayed / not decayed / undecided, with an interval; exit 1 "
+        "decayed, 3 undecided).", resumable=True)
 
     def validate(self):
         if self.train_acc is not None and (not self.train_acc or not all(0 <= a <= 1 for a in self.train_acc)):
             raise ConfigError(f"--train-acc must be accuracies in [0, 1], one per draft step, got {list(self.train_acc)}")
+        at_least(self.train_context, 1, "--train-context")
         if self.device_map not in ("auto", "cpu") and not self.device_map.startswith("cuda"):
             raise ConfigError(f"--device-map must be auto, cpu or cuda:N, got {self.device_map!r}")
 
@@ -383,6 +411,12 @@ class WorkloadSettings(Group):
     enable_thinking: bool | None = opt(None, "Pass enable_thinking=True/False to the chat template (default: not "
                                        "passed).", flag="--enable-thinking", secondary="--disable-thinking")
     max_new_tokens: int = opt(64, "New tokens per prompt (cut earlier at EOS).")
+    long_context: tuple[int, ...] | None = opt(
+        None, "Build each question's prompt to at least L tokens (one prompt per L given, id QUESTION/ctxL): the "
+        "texts of the other questions read, in a seeded order (--shuffle-seed, else 0), then the question's first "
+        "user text, as one user turn in the prompt format; truncated from the left to fit the target's positions "
+        "less the decode's; refused when the texts cannot fill L (workload/long_context.py).",
+        parse=lambda t: parse_ids(t, "--long-context"), metavar="L[,L...]")
 
     def validate(self):
         at_least(self.max_new_tokens, 1, "--max-new-tokens")
@@ -395,11 +429,17 @@ class WorkloadSettings(Group):
             raise ConfigError("--no-chat-template and --chat-template exclude each other")
         if self.no_chat_template and self.enable_thinking is not None:
             raise ConfigError("--enable-thinking/--disable-thinking need a chat template (--no-chat-template given)")
+        if self.long_context is not None:
+            if not self.long_context or min(self.long_context) < 1:
+                raise ConfigError(f"--long-context must be token counts >= 1, got {list(self.long_context)}")
+            if len(set(self.long_context)) < len(self.long_context):
+                raise ConfigError(f"--long-context gives a length twice ({list(self.long_context)}); give each once")
 
 
 @dataclass(frozen=True)
 class OutputSettings(Group):
-    """Where results go. An output folder belongs to one run (results/run_folder.py)."""
+    """Where results go, and how acceptance is bucketed by context. An output folder belongs to one run
+    (results/run_folder.py)."""
     output_dir: str | None = opt(None, "Write the results here (a folder that belongs to this run).", resumable=True)
     resume: bool = opt(False, "Continue an interrupted run in --output-dir.", resumable=True)
     overwrite: bool = opt(False, "Replace the results already in --output-dir (only the files eagle-eval wrote "
@@ -407,12 +447,18 @@ class OutputSettings(Group):
     full_fingerprint: bool = opt(False, "Fingerprint every byte of every input in the folder's owner file (default: "
                                  "files up to 64 MiB whole, larger safetensors by header, size and sampled blocks of "
                                  "each tensor; results/input_digests.py).", resumable=True)
+    context_buckets: tuple[int, ...] | None = opt(
+        None, "Acceptance by context (the cycle's root position: prompt + tokens generated before it) in buckets "
+        "[e_i, e_i+1) of these edges, e.g. 0,512,2048,8192 (the last bucket open); auto = powers of two over the "
+        "contexts seen. --train-context is always an edge.", parse=parse_context_buckets, show_default="auto",
+        metavar="auto|E1,E2,...", resumable=True)
 
     def validate(self):
         if self.resume and not self.output_dir:
             raise ConfigError("--resume needs --output-dir (the run to continue)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other")
+        check_context_edges(self.context_buckets)
 
 
 GROUPS = {"model": ModelSettings, "speculation": SpeculationSettings, "decoding": DecodingSettings,

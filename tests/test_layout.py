@@ -19,8 +19,10 @@ BIGGEST_ROOM = 0.15                       # no room holds more than this share o
 # issue 37 (commands/effect.py: a greedy run refuses the sampling options it would ignore; models/hub: a Hugging
 # Face model id as --target / --draft); + 4 since issue 38 (registry: the named things' one table; heads/kind and
 # the two EAGLE-3 kinds' records, which the loader asks which kind a checkpoint is); + 2 for the kinds' wiring seam
-# (heads/wired: the record a kind hands the oracle; heads/eagle3/wire: the EAGLE-3 kinds' wiring, out of oracle.py)
-GREEDY_PATH_ROOMS = 49
+# (heads/wired: the record a kind hands the oracle; heads/eagle3/wire: the EAGLE-3 kinds' wiring, out of oracle.py);
+# + 3 since issue 40's context buckets (every report holds acceptance by context: results/context, stats/context and
+# the prompt-clustered intervals of stats/clustered)
+GREEDY_PATH_ROOMS = 52
 
 
 def _unit(module: str) -> str:

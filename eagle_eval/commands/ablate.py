@@ -39,7 +39,8 @@ class Costs:
         return self.verify_ratio.get(verify_tokens, 1.0)
 
 
-NOT_AXES = ("output_dir", "resume", "overwrite", "full_fingerprint", "prompts", "dataset", "target", "draft", "seed")
+NOT_AXES = ("output_dir", "resume", "overwrite", "full_fingerprint", "prompts", "dataset", "target", "draft", "seed",
+            "context_buckets", "train_context")
 # the profile's own axes: every num_steps <= --max-steps at once, trees by --topk-grid and --draft-tokens-grid
 GRID_AXES = ("num_steps", "topk", "num_draft_tokens", "eagle_depth", "eagle_top_k", "eagle_total_token")
 
@@ -160,7 +161,7 @@ def _write_ablation(folder, result: dict) -> None:
     folder.write_with("ablation.csv", lambda path: write_rows_csv(path, result["rows"]))
     result["files"] = ["ablation.json", "ablation.csv"]
     try:
-        folder.write_with("ablation.png", lambda path: plot_ablation(path, result["rows"]))
+        folder.write_with("ablation.png", lambda path: plot_ablation(path, result["rows"], result["variants"]))
         result["files"].append("ablation.png")
     except ConfigError as exc:          # matplotlib is an optional extra
         result["warnings"] = result.get("warnings", []) + [f"ablation.png not written: {exc}"]
@@ -213,7 +214,8 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
                 "best_num_steps": best["num_steps"], "best_speedup_model": best["speedup_model"],
                 "best_num_steps_server": best_row(mine, "speedup_server")["num_steps"] if server else None,
                 "advice": advise(settings_from_rows(mine), timings_of(timing, options)).as_dict(),
-                "sanity": res.report["config"]["sanity"], "by_num_steps": by_steps})
+                "sanity": res.report["config"]["sanity"], "by_num_steps": by_steps,
+                "by_context": _variant_context(res, int(d) if d else None)})
     overall = best_row(rows)
     result = {"schema_version": 1,
               "config": {**settings.flat(), **options.as_dict(), "topk_grid": topks, "draft_tokens_grid": list(grid),
@@ -229,6 +231,19 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
               "advice": advise(settings_from_rows(rows), timings_of(timing, options)).as_dict(),
               "variants": sections, "rows": rows, "provenance": provenance(settings.decoding.seed)}
     return result
+
+
+def _variant_context(res, d: int | None) -> dict | None:
+    """A variant's acceptance by context (results/context.py): its profile's per-start expectation at the base
+    num_steps; a tree of the grid at its num_draft_tokens, where that tree fits the num_steps (else None)."""
+    from eagle_eval.results.context import from_starts
+
+    if d is None:
+        return res.report.get("by_context")
+    cfg = res.report["config"]
+    s = min(cfg["num_steps"], cfg["max_steps"])
+    rows = [r for r in res.per_start or () if r["num_steps"] == s and r.get("num_draft_tokens") == d]
+    return from_starts(rows, {}, s, d, cfg.get("context_buckets"), cfg.get("train_context")) if rows else None
 
 
 def timings_of(timing, options: AblateOptions):

@@ -16,7 +16,7 @@ import torch
 
 from eagle_eval.commands.folder import agree_on_loaded, open_folder
 from eagle_eval.errors import stage
-from eagle_eval.commands.profile_result import ProfileResult, record_of, tree_shapes  # noqa: F401  (ProfileResult: api)
+from eagle_eval.commands.profile_result import ProfileResult, add_context, record_of, tree_shapes  # noqa: F401  (ProfileResult: api)
 from eagle_eval.oracle import Oracle, checked_workload, load_oracle
 from eagle_eval import parallel
 from eagle_eval.records import Prompt, read_jsonl
@@ -153,7 +153,8 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
         for s, d in (tree[1] or [(s, None) for s in range(1, k_max + 1)]):
             runs = p.run_lengths if p.tree_runs is None else p.tree_runs[(s, d)][0]
             n = cycle_starts(p.continuation, max_new, oracle.eos_ids)
-            per_start += per_start_rows(p.prompt.id, 0, [[float(i < x) for i in range(s)] for x in runs[:n]], s, d)
+            per_start += per_start_rows(p.prompt.id, 0, [[float(i < x) for i in range(s)] for x in runs[:n]], s, d,
+                                        prompt_len=len(p.prompt.input_ids))
     resolved, notes = workload
     report = {"schema_version": 1, "config": {**settings.flat(), **options.as_dict(), **r.as_dict(), **resolved},
               "by_num_steps": by_steps, "response_divergences": divergences,
@@ -161,6 +162,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
               **({"by_num_draft_tokens": by_draft_tokens} if grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings + list(notes),
               "provenance": provenance(settings.decoding.seed)}
+    add_context(report, per_start, [p.prompt for p in profiled])
     return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=profiled, per_start=per_start)
 
 

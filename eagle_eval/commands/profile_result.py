@@ -37,3 +37,12 @@ def record_of(p, d) -> SampleRecord:
     if p.tree_runs is not None:
         rec.extra["off_top1_per_cycle"] = d.off_top1_per_cycle
     return rec
+
+
+def add_context(report: dict, per_start: list[dict], prompts: list) -> None:
+    """The profile's acceptance by context from its per-start rows (results/context.py), greedy or sampled."""
+    from eagle_eval.results.context import profile_section
+
+    cfg = report["config"]
+    report["by_context"] = profile_section(report, per_start, {p.id: len(p.input_ids) for p in prompts},
+                                           cfg.get("context_buckets"), cfg.get("train_context"))

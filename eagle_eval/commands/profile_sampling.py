@@ -143,7 +143,8 @@ class _Profile:
             cuts += [c for c in cut or [] if c > 0]
             var = p.expected.variance[:n].tolist() if p.expected.variance is not None else None
             for s, d in (self.shapes or [(s, None) for s in range(1, self.options.max_steps + 1)]):
-                rows += per_start_rows(prompt.id, sample, self.at_least(p, s, d), s, d, var, cut)
+                rows += per_start_rows(prompt.id, sample, self.at_least(p, s, d), s, d, var, cut,
+                                       prompt_len=len(prompt.input_ids))
         return rows, cuts
 
     def sampling(self, given: bool, cuts: list[float]) -> dict:
@@ -253,4 +254,6 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
               **({"by_num_draft_tokens": by_draft_tokens} if run.grid else {}),
               "definitions": DEFINITIONS, "warnings": oracle.warnings + list(notes),
               "provenance": provenance(settings.decoding.seed)}
+    from eagle_eval.commands.profile_result import add_context
+    add_context(report, per_start, [seq[0] for seq in run.seqs])
     return ProfileResult(report=report, samples=samples, oracle=oracle, profiled=run.profiled, per_start=per_start)

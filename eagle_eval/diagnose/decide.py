@@ -22,10 +22,11 @@ Contract (pure functions, no torch):
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
+
+from eagle_eval.stats.clustered import t_quantile
 
 ALPHA = 0.05            # family-wise error rate of each kind (false mismatch, false consistent)
 MARGIN = 0.1            # a gain in tau below this is immaterial
@@ -96,33 +97,6 @@ def alpha_per_bound(alpha: float, num_looks: int, alternatives: int) -> float:
     0.0020833333333333333
     """
     return alpha / (max(num_looks, 1) * max(alternatives, 1))
-
-
-def _t_sf(x: float, df: int) -> float:
-    """P(T > x) for Student's t with df degrees of freedom, x >= 0. With t = sqrt(df) tan(theta) the
-    density becomes c cos(theta)^(df-1) on [0, pi/2): smooth, so Simpson's rule is accurate to ~1e-12."""
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(math.pi)
-    steps = 2000                                                          # even
-    h = math.atan(x / math.sqrt(df)) / steps
-    dens = [math.cos(i * h) ** (df - 1) for i in range(steps + 1)]
-    integral = math.exp(log_c) * h / 3 * (dens[0] + dens[-1] + 4 * sum(dens[1:-1:2]) + 2 * sum(dens[2:-1:2]))
-    return 0.5 - integral
-
-
-@functools.lru_cache(maxsize=None)
-def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t (p >= 0.5), by bisection.
-
-    >>> round(t_quantile(0.975, 7), 3), round(t_quantile(0.995, 30), 3)
-    (2.365, 2.75)
-    """
-    lo, hi = 0.0, 1.0
-    while _t_sf(hi, df) > 1 - p:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_sf(mid, df) > 1 - p else (lo, mid)
-    return (lo + hi) / 2
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-Z95 = 1.959964
+from eagle_eval.stats.clustered import Z95, ratio_interval  # noqa: F401  (ratio_interval: api)
 
 QUANTITIES = {
     "per_context": "expectation per context, averaged over every start of the continuations: "
@@ -36,26 +36,6 @@ QUANTITIES = {
     "estimator_sd": "sampled drafts: the Monte-Carlo standard deviation of the figure for these contexts (from "
                     "each start's estimate variance), beside the interval over prompts",
 }
-
-
-def ratio_interval(units: list[tuple[float, float]]) -> dict:
-    """units: (sum of values, count) per independent unit -> {value, low, high, units} (low/high None with
-    fewer than two units or no count).
-
-    >>> r = ratio_interval([(3.0, 2), (5.0, 2), (4.0, 2)])
-    >>> r["value"], round(r["high"] - r["value"], 4)
-    (2.0, 0.5658)
-    """
-    total_y = sum(y for y, _ in units)
-    total_n = sum(n for _, n in units)
-    if total_n == 0:
-        return {"value": None, "low": None, "high": None, "units": len(units)}
-    r = total_y / total_n
-    if len(units) < 2:
-        return {"value": r, "low": None, "high": None, "units": len(units)}
-    resid = sum((y - r * n) ** 2 for y, n in units)
-    se = math.sqrt(len(units) / (len(units) - 1) * resid) / total_n
-    return {"value": r, "low": r - Z95 * se, "high": r + Z95 * se, "units": len(units)}
 
 
 def cycle_starts(continuation: list[int], max_new_tokens: int, eos_ids: set[int]) -> int:
@@ -89,14 +69,17 @@ def cycle_roots(accepted_per_cycle: list[int]) -> list[int]:
 
 def per_start_rows(prompt_id: str, sample: int, at_least: list[list[float]], num_steps: int,
                    num_draft_tokens: int | None = None, variance: list[list[float]] | None = None,
-                   cut: list[float] | None = None) -> list[dict]:
+                   cut: list[float] | None = None, prompt_len: int | None = None) -> list[dict]:
     """The per_start.jsonl rows of one sequence for one num_steps (and tree size): at_least[k] = P(A >= i),
     i = 1..>= num_steps, of start t = k + 1; cut[k] > 0: the P(A >= i) below the floor where its chain was cut
-    (the P(A >= j) after it are 0, each too low by less than that)."""
+    (the P(A >= j) after it are 0, each too low by less than that); prompt_len: the prompt's tokens (start t's
+    root sits at position prompt_len + t - 1: results/context.py buckets it)."""
     rows = []
     for k, probs in enumerate(at_least):
         p = [float(x) for x in probs[:num_steps]]
         row = {"prompt_id": prompt_id, "sample": sample, "start": k + 1, "num_steps": num_steps}
+        if prompt_len is not None:
+            row["prompt_len"] = prompt_len
         if num_draft_tokens is not None:
             row["num_draft_tokens"] = num_draft_tokens
         row.update(expected_tokens_per_step=1.0 + sum(p), p_accept_at_least=p)

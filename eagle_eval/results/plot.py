@@ -1,8 +1,10 @@
-"""PNG of saved results: per-position acceptance curves and tau by category (matplotlib, optional).
+"""PNG of saved results: per-position acceptance curves, tau by category and by context (matplotlib, optional).
 
 Contract: `plot_results(results, path)` draws, for every result, the conditional rates a_i (solid)
 and the unconditional rates u_i (dashed) against the draft position, and beside them tau per
-category as grouped bars with the 95% normal interval of `compare.tau_se_cycles`. matplotlib is the optional
+category as grouped bars with the 95% normal interval of `compare.tau_se_cycles`; where the results hold
+acceptance by context (results/context.py), a second row: tau by context with its interval over prompts and
+u_i by context, the training length dashed. matplotlib is the optional
 extra `eagle-eval[plot]`; without it the error says how to install it.
 """
 
@@ -57,17 +59,75 @@ def _tau_bars(ax, results: list[Result]) -> None:
     ax.legend(fontsize="x-small")
 
 
+def _context_x(bucket: dict) -> float:
+    """Where a context bucket is drawn: the mean context of its cycles (or starts); without their sum, the
+    bucket's geometric middle."""
+    n = bucket.get("cycles", bucket.get("starts"))
+    if "context_sum" in bucket and n:
+        return max(bucket["context_sum"] / n, 1.0)
+    low, high = max(bucket["low"], 1), bucket["high"]
+    return (low * high) ** 0.5 if high is not None else low * 2 ** 0.5
+
+
+def context_sections(results: list[Result]) -> list[tuple[str, dict]]:
+    """(label, section) of every result's acceptance by context: the oracle's (or the profile's per-start
+    expectation) and, for a server-check, the server's."""
+    out = []
+    for r in results:
+        if r.report.get("by_context"):
+            out.append((r.label, r.report["by_context"]))
+        if r.report.get("server_by_context"):
+            out.append((f"{r.label} (server)", r.report["server_by_context"]))
+    return out
+
+
+def context_panels(tau_ax, rate_ax, named: list[tuple[str, dict]]) -> None:
+    """tau by context with its 95% interval over prompts (left) and u_i by context (right), one colour per
+    section, the training length a dashed line; x: the bucket's middle, log scale."""
+    trains = set()
+    for k, (name, section) in enumerate(named):
+        buckets = [b for b in section["buckets"] if b["accept_length"]["value"] is not None]
+        xs = [_context_x(b) for b in buckets]
+        tau = [b["accept_length"] for b in buckets]
+        err = [[t["value"] - (t["low"] if t["low"] is not None else t["value"]) for t in tau],
+               [(t["high"] if t["high"] is not None else t["value"]) - t["value"] for t in tau]]
+        tau_ax.errorbar(xs, [t["value"] for t in tau], yerr=err, capsize=3, marker="o", color=f"C{k}", label=name)
+        steps = max((len(b["per_position"]) for b in buckets), default=0)
+        for i in range(steps):
+            rate_ax.plot(xs, [b["per_position"][i]["unconditional_rate"]["value"] for b in buckets],
+                         marker=MARKERS[i % len(MARKERS)], linestyle=LINESTYLES[i % len(LINESTYLES)], color=f"C{k}",
+                         label=f"{name}: u_{i + 1}", linewidth=1)
+        if section.get("train_context"):
+            trains.add(section["train_context"])
+    for ax in (tau_ax, rate_ax):
+        for t in sorted(trains):
+            ax.axvline(t, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context: the cycle's root position (prompt + generated before it)")
+    tau_ax.set_ylabel("tau (accepted + 1 per cycle)")
+    tau_ax.set_title("tau by context (95% interval over prompts" + ("; dashed: --train-context)" if trains else ")"))
+    rate_ax.set_ylabel("u_i = P(>= i drafts accepted)")
+    rate_ax.set_ylim(0, 1.05)
+    rate_ax.set_title("per-position acceptance by context")
+    tau_ax.legend(fontsize="x-small")
+    rate_ax.legend(fontsize="xx-small", ncol=2)
+
+
 def plot_results(results: list[Result], path: str | Path) -> None:
-    """Runs and server-checks (per-position curves and tau by category); other kinds are refused."""
+    """Runs and server-checks (per-position curves and tau by category; by context too, where the results hold
+    it); other kinds are refused."""
     other = [r for r in results if getattr(r, "kind", "run") not in ("run", "server_check")]
     if other:
         raise ConfigError(f"--plot: {other[0].label} is {other[0].kind.replace('_', '-')} results; --plot draws runs "
                           "and server-checks (`eagle-eval ablate` writes its own ablation.png)")
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    named = context_sections(results)
+    fig, axes = plt.subplots(2 if named else 1, 2, figsize=(12, 9 if named else 4.5), squeeze=False)
     try:
-        _curves(left, results)
-        _tau_bars(right, results)
+        _curves(axes[0][0], results)
+        _tau_bars(axes[0][1], results)
+        if named:
+            context_panels(axes[1][0], axes[1][1], named)
         fig.tight_layout()
         _save_png(fig, path)
     finally:
@@ -89,14 +149,20 @@ def _label(name: str) -> str:
     return name if len(name) <= LABEL_CHARS else name[: LABEL_CHARS - 3] + "..."
 
 
-def ablation_figure(rows: list[dict]):
+def ablation_figure(rows: list[dict], variants: list[dict] | None = None):
     """tau and modelled speedup against num_steps, one line per variant, a style each (`variant_style`);
     one legend for both panels, outside them on the right, so 20 variants stay readable; curves with
-    server step times share the variant's style with hollow markers."""
+    server step times share the variant's style with hollow markers. Variants holding acceptance by context
+    (results/context.py: the per-start expectation at the profile's num_steps) add a third panel, tau by context."""
     plt = _pyplot()
     names = list(dict.fromkeys(r["variant"] for r in rows))
     server = any("speedup_server" in r for r in rows)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4 + 0.12 * max(0, len(names) - 12)))
+    context = {v["variant"]: v["by_context"] for v in variants or () if v.get("by_context")}
+    fig, axes = plt.subplots(1, 3 if context else 2, figsize=(16.5 if context else 11,
+                                                                4 + 0.12 * max(0, len(names) - 12)))
+    ax1, ax2 = axes[0], axes[1]
+    if context:
+        _context_by_variant(axes[2], names, context)
     for k, name in enumerate(names):
         mine = [r for r in rows if r["variant"] == name]
         xs, style = [r["num_steps"] for r in mine], variant_style(k)
@@ -115,10 +181,33 @@ def ablation_figure(rows: list[dict]):
     return fig
 
 
-def plot_ablation(path: Path, rows: list[dict]) -> None:
+def _context_by_variant(ax, names: list[str], context: dict) -> None:
+    """tau by context per variant (each in its `variant_style`), with the 95% interval over prompts."""
+    trains = set()
+    for k, name in enumerate(names):
+        section = context.get(name)
+        if section is None:
+            continue
+        buckets = [b for b in section["buckets"] if b["accept_length"]["value"] is not None]
+        tau = [b["accept_length"] for b in buckets]
+        err = [[t["value"] - (t["low"] if t["low"] is not None else t["value"]) for t in tau],
+               [(t["high"] if t["high"] is not None else t["value"]) - t["value"] for t in tau]]
+        ax.errorbar([_context_x(b) for b in buckets], [t["value"] for t in tau], yerr=err, capsize=2,
+                    **variant_style(k))
+        if section.get("train_context"):
+            trains.add(section["train_context"])
+    for t in sorted(trains):
+        ax.axvline(t, color="grey", linestyle="--", linewidth=1)
+    section = next(iter(context.values()))
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="context: the start's root position", ylabel="expected tokens per step",
+           title=f"tau by context at num_steps {section['num_steps']} (95% interval)")
+
+
+def plot_ablation(path: Path, rows: list[dict], variants: list[dict] | None = None) -> None:
     """ablate's PNG (`ablation_figure`), written atomically; the legend is kept whole (tight bounds)."""
     plt = _pyplot()
-    fig = ablation_figure(rows)
+    fig = ablation_figure(rows, variants)
     try:
         _save_png(fig, path, bbox_inches="tight")
     finally:

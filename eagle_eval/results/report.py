@@ -151,9 +151,13 @@ def build_report(config: dict, resolved, workload: dict, samples: list[SampleRec
                  seed: int, sample_prompt=None) -> dict:
     """report.json of a run: config = the flat settings, what the oracle resolved (`resolved.as_dict()`) and
     what the workload resolved; the figures from the samples' counts."""
+    from eagle_eval.results.context import from_records
+
     body = summarize(samples, resolved.num_steps)
     if resolved.train_acc and resolved.topk == 1:
         body["training_prediction"] = training_prediction(resolved.train_acc, body, resolved.num_steps)
+    body["by_context"] = from_records(samples, resolved.num_steps, config.get("context_buckets"),
+                                      config.get("train_context"))
     return {
         "schema_version": SCHEMA_VERSION,
         "config": {**config, **resolved.as_dict(), **workload},
@@ -307,9 +311,18 @@ def render_table(report: dict) -> str:
     groups = render_groups(report)
     if groups:
         lines += ["", groups]
+    lines += render_context(report)
     for w in report.get("warnings", []):
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
+
+
+def render_context(report: dict, markdown: bool = False) -> list[str]:
+    """Acceptance by context (results/context.py) and the long-context workload it was measured on, if any."""
+    from eagle_eval.results.context import render, render_long_context
+
+    lines = render(report.get("by_context"), markdown=markdown)
+    return lines + render_long_context(report.get("config") or {}) if lines else lines
 
 
 def render_steps_table(profile_report: dict) -> str:
@@ -317,7 +330,7 @@ def render_steps_table(profile_report: dict) -> str:
     results/expectation.py `render_sampled_steps`)."""
     if "sampling" in profile_report:
         from eagle_eval.results.expectation import render_sampled_steps
-        return render_sampled_steps(profile_report)
+        return "\n".join([render_sampled_steps(profile_report), *render_context(profile_report)])
     sections = sorted(profile_report["by_num_steps"].items(), key=lambda kv: int(kv[0]))
     k = int(sections[-1][0])
     aux = profile_report["config"]["aux_layers"]
@@ -346,7 +359,7 @@ def render_steps_table(profile_report: dict) -> str:
     for d in profile_report.get("response_divergences", []):
         lines.append(f"WARNING: response {d['id']} departs from the target's argmax at position "
                      f"{d['position']} (margin {d['margin']:.3f}); profiled the greedy sequence from there")
-    return "\n".join(lines)
+    return "\n".join(lines + render_context(profile_report))
 
 
 def render_ablation(result: dict) -> str:
@@ -364,6 +377,13 @@ def render_ablation(result: dict) -> str:
                      f"{v['best_speedup_model']:.3f}){extra}")
         if v.get("advice"):                    # stats/advice.py: decided from repeated timings
             lines.append(f"  advice: {v['advice']['message']}")
+        found = (v.get("by_context") or {}).get("train_context_finding")
+        if found:                              # results/context.py: --train-context
+            d = found["difference"]
+            lines.append(f"  by context: expected tokens per step past {found['train_context']} - before = "
+                         f"{_fmt(d['value'], '+.3f')}" + ("" if d["low"] is None else
+                                                          f" [{d['low']:+.3f}, {d['high']:+.3f}]")
+                         + f": {found['verdict']}")
     sampled = sorted({r["rates"] for r in result["rows"] if r.get("temperature")})
     if sampled:
         lines.append(f"rows at temperature > 0: tau and speedup from the expectation ({', '.join(sampled)}; "

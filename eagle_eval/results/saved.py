@@ -8,7 +8,7 @@ num_steps or max_steps its config says against the ones its counts cover: both v
 
 | kind         | command        | file               | schema | checked against its counts |
 |--------------|----------------|--------------------|--------|----------------------------|
-| run          | `run`          | report.json        | 1      | summary / per_position of every group from its histogram; groups add up; config.num_steps = the histogram's |
+| run          | `run`          | report.json        | 1      | summary / per_position of every group from its histogram; groups and context buckets add up; config.num_steps = the histogram's |
 | profile      | `profile`      | profile.json       | 1      | each num_steps (and num_draft_tokens) section from its histogram; sections 1..config.max_steps |
 | ablation     | `ablate`       | ablation.json      | 1      | each variant's sections (within 1..config.max_steps); every row's tau from its section |
 | diagnosis    | `diagnose`     | diagnosis.json     | 2      | every finding well formed; exit_status from the findings |
@@ -170,9 +170,37 @@ def check_counts(report: dict, path) -> None:
             raise ResultFileError(f"{path}: the '{key}' histograms add up to {total}, not to the whole {whole.histogram}")
 
 
+def check_context(section, path, whole: list[int] | None = None, where: str = "by_context") -> None:
+    """A context section of cycles (results/context.py): each bucket's cycles and tau from its histogram, and
+    the buckets adding up to `whole` (the run's histogram) when given."""
+    if section is None:
+        return
+    total = None
+    try:
+        if section["kind"] != "cycles":
+            return
+        for i, b in enumerate(section["buckets"]):
+            hist = b["histogram"]
+            if not isinstance(hist, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                                     for h in hist):
+                raise TypeError(f"buckets[{i}] 'histogram' is not a list of counts")
+            counts = AcceptanceCounts(len(hist) - 1, list(hist))
+            if b["cycles"] != counts.cycles or b["accept_length"]["value"] != counts.tau:
+                raise ResultFileError(f"{path}: {where} bucket {b.get('context')}: 'cycles'/'accept_length' do not "
+                                      "follow from its 'histogram'")
+            total = list(hist) if total is None else [a + h for a, h in zip(total, hist)]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ResultFileError(f"{path}: {where}: malformed ({type(exc).__name__}: {exc})") from exc
+    if whole is not None and total is not None and total != list(whole):
+        raise ResultFileError(f"{path}: the '{where}' histograms add up to {total}, not to the whole {whole}")
+
+
 def _check_run(report: dict, path) -> None:
-    """check_counts, and the num_steps the report's header says is the one its table covers."""
+    """check_counts, the context buckets, and the num_steps the report's header says is the one its table
+    covers."""
     check_counts(report, path)
+    check_context(report.get("by_context"), path, report["histogram"])
+    check_context(report.get("server_by_context"), path, where="server_by_context")
     said = (report.get("config") or {}).get("num_steps")
     covered = len(report["histogram"]) - 1
     if said != covered:
@@ -268,8 +296,16 @@ def _status(report: dict, kind: str, findings: list[Finding], path) -> int:
                                   "not agree")
         return worst(status, VERDICT_STATUS[verdict])
     if kind == "run" and report["summary"].get("lossless") is False:
-        return worst(status, ExitCode.FAILED)                 # a lossless check that found a divergence
+        status = worst(status, ExitCode.FAILED)               # a lossless check that found a divergence
+    if kind in ("run", "profile"):                            # --train-context: decayed 1, undecided 3
+        from eagle_eval.results.context import finding_status
+        status = worst(status, finding_status(report))
     return status
+
+
+def status_of(report: dict, kind: str, findings: list[Finding], path) -> int:
+    """The exit status a re-render of `report` implies (a re-bucketed one's too: results/context.py)."""
+    return _status(report, kind, findings, path)
 
 
 CHECKS = {"run": _check_run, "server_check": _check_run, "profile": _check_profile,

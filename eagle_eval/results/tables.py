@@ -12,6 +12,12 @@ scripts/evaluate/evaluate.py as `["subset"] + acceptance_csv_columns(spec)`): `s
 (the unconditional rate u_{i+1}). eagle-eval adds `group` (all / category:NAME / turn:N), `prompts`,
 `cycles`, `accepted_drafts`, `conditional_acceptance_at_pos_{i}` (a_{i+1}) and `histogram_{n}`
 (H[n], n = 0..S), so every rate of a row can be recomputed from the row's own counts.
+
+Acceptance by context (results/context.py) adds one row per bucket, group `context:LOW-HIGH` (the bucket
+[LOW, HIGH) of the cycle's root position; `server_context:...` for a server's per-step counts), with
+`context_low`, `context_high`, `train_context_side` (before / past --train-context) and each rate's 95% interval
+over prompts (`acceptance_length_low`/`_high`, `acceptance_at_pos_{i}_low`/`_high`, ...). A profile's bucket
+rows hold `starts` (every start of its continuations) and the per-context expectation instead of cycle counts.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from eagle_eval.results.run_folder import write_atomic
 
 BASE_COLUMNS = ("group", "subset", "prompts", "cycles", "accepted_drafts",
                 "num_drafts", "num_draft_tokens", "num_accepted_tokens", "acceptance_length")
-TEXT_COLUMNS = ("result", "group", "subset")
+TEXT_COLUMNS = ("result", "group", "subset", "train_context_side")
 
 
 def groups(report: dict) -> list[tuple[str, dict]]:
@@ -95,7 +101,11 @@ def render_markdown(report: dict) -> str:
     lines += layout(["pos", "reached", "accepted", "a_i (cond.)", "u_i (uncond.)"], rows, True) + [""]
     lines.append("histogram H[n]: " + ", ".join(f"{n}: {h}" for n, h in enumerate(report["histogram"])))
     groups_md = render_groups(report, markdown=True)
-    return "\n".join(lines + (["", groups_md] if groups_md else []))
+    from eagle_eval.results.context import render, render_long_context
+
+    context = render(report.get("by_context"), markdown=True)
+    context += render_long_context(report.get("config") or {}) if context else []
+    return "\n".join(lines + (["", groups_md] if groups_md else []) + context)
 
 
 def csv_rows(report: dict, result: str | None = None) -> list[dict]:
@@ -123,15 +133,33 @@ def csv_rows(report: dict, result: str | None = None) -> list[dict]:
         row.update({f"conditional_acceptance_at_pos_{i}": p["conditional_rate"] for i, p in enumerate(pp)})
         row.update({f"histogram_{n}": h for n, h in enumerate(body["histogram"])})
         rows.append(row)
-    return rows
+    return rows + _context_rows(report, result)
+
+
+def _context_rows(report: dict, result: str | None) -> list[dict]:
+    """The acceptance by context (results/context.py): one row per bucket, `context:LOW-HIGH` ([LOW, HIGH)),
+    and `server_context:...` for a server's per-step counts."""
+    from eagle_eval.results.context import csv_rows as context_csv_rows
+
+    cfg = report["config"]
+    drafted = cfg["num_draft_tokens"] - 1 if cfg.get("num_draft_tokens") else None
+    rows = context_csv_rows(report.get("by_context"), "context", drafted)
+    rows += context_csv_rows(report.get("server_by_context"), "server_context", drafted)
+    return [{**({"result": result} if result is not None else {}), **r} for r in rows]
 
 
 def _columns(rows: list[dict]) -> list[str]:
-    steps = max(sum(k.startswith("acceptance_at_pos_") for k in r) for r in rows)
+    steps = max(sum(k.startswith("acceptance_at_pos_") and k[-1].isdigit() for k in r) for r in rows)
     lead = ["result"] if any("result" in r for r in rows) else []
-    return (lead + list(BASE_COLUMNS) + [f"acceptance_at_pos_{i}" for i in range(steps)]
-            + [f"conditional_acceptance_at_pos_{i}" for i in range(steps)]
-            + [f"histogram_{n}" for n in range(steps + 1)])
+    columns = (lead + list(BASE_COLUMNS) + [f"acceptance_at_pos_{i}" for i in range(steps)]
+               + [f"conditional_acceptance_at_pos_{i}" for i in range(steps)]
+               + [f"histogram_{n}" for n in range(steps + 1)])
+    if any("context_low" in r for r in rows):       # the context buckets: their bounds and every rate's interval
+        from eagle_eval.results.context import CSV_COLUMNS
+        columns += list(CSV_COLUMNS) + [f"{name}_{i}_{end}" for name in ("acceptance_at_pos",
+                                                                          "conditional_acceptance_at_pos")
+                                        for i in range(steps) for end in ("low", "high")]
+    return columns
 
 
 def write_csv(path: str | Path, results: list[tuple[str | None, dict]]) -> None:

@@ -246,6 +246,7 @@ def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, pro
         "distribution": server_distribution(backend, rows, resolved.num_steps) if rows else None,
         "divergences": divergences, "requests": rows, "hypotheses": hypotheses, "sglang_log": log,
         "verdict": verdict, "reasons": reasons, "exit_status": EXIT_STATUS[verdict],
+        "server_by_context": server_by_context(report, rows),
     })
     if folder is not None:
         folder.write_json("server_check.json", report)
@@ -306,8 +307,18 @@ def _sampled_check(oracle, workload, client, server_settings, note, check: Serve
             "server_mean_accept_length": sum(server_tau) / len(server_tau) if server_tau else None,
             "redrafted_accept_length": report["summary"]["accept_length"] if exact else None},
         "distribution": None, "divergences": [], "requests": rows, "hypotheses": None, "sglang_log": None,
-        "verdict": verdict, "reasons": reasons, "exit_status": EXIT_STATUS[verdict]})
+        "verdict": verdict, "reasons": reasons, "exit_status": EXIT_STATUS[verdict],
+        "server_by_context": server_by_context(report, rows)})
     return ServerCheckResult(report=report, exit_status=EXIT_STATUS[verdict])
+
+
+def server_by_context(report: dict, rows: list[dict]) -> dict | None:
+    """The server's acceptance by context from its per-step counts, where it gives them, in the oracle's
+    buckets (results/context.py; None when no request gives per-step counts)."""
+    from eagle_eval.results.context import from_requests
+
+    cfg = report["config"]
+    return from_requests(rows, "server", cfg["num_steps"], cfg.get("context_buckets"), cfg.get("train_context"))
 
 
 def _f(x, spec=".3f"):
@@ -387,7 +398,15 @@ def render_server_check(report: dict) -> str:
     if log:
         lines.append(f"sglang log  {log['lines']} decode lines, mean accept len {_f(log['server_accept_length'])} "
                      f"vs oracle tau {_f(log['oracle_accept_length'])}")
-    return "\n".join(lines + _verdict_lines(report))
+    return "\n".join(lines + _context_lines(report) + _verdict_lines(report))
+
+
+def _context_lines(report: dict) -> list[str]:
+    """Acceptance by context of the oracle and, from its per-step counts, of the server (results/context.py)."""
+    from eagle_eval.results.context import render
+
+    return (render(report.get("by_context"), "oracle acceptance by context")
+            + render(report.get("server_by_context"), "server acceptance by context (its per-step counts)"))
 
 
 def _render_sampled(report: dict) -> str:
@@ -414,5 +433,5 @@ def _render_sampled(report: dict) -> str:
             lines.append("  per position P(A >= i): " + "  ".join(
                 f"{q['position']}: {q['server_rate']:.3f} vs {q['expected_rate']:.3f}" for q in exp["per_position"])
                 + "  (server vs expected)")
-    return "\n".join(lines + _verdict_lines(report))
+    return "\n".join(lines + _context_lines(report) + _verdict_lines(report))
 

@@ -57,6 +57,7 @@ def compare_request(backend: str, rec: SampleRecord, reply, divergence: dict | N
                                                       reply.accepted_drafts)
     row = {
         "id": rec.id,
+        "prompt_len": rec.prompt_len,                  # places each step's root (results/context.py)
         "tokens": tokens,
         "divergence": divergence,
         "oracle": {"output_tokens": len(rec.output_ids), "verify_count": rec.verify_count,

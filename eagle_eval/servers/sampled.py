@@ -173,7 +173,8 @@ def ask_sampled(oracle, workload, client, check, progress: bool) -> tuple[list, 
             ours, capped = redrafted(oracle, prompt, answer) if exact else ([], False)
         server = {"accepted_per_cycle": reply.accepted_per_cycle, "verify_count": reply.verify_count,
                   "accepted_drafts": reply.accepted_drafts}
-        row = {"id": prompt.id, "tokens": len(answer), "sampling": request_sampling(decoding, prompt.id),
+        row = {"id": prompt.id, "prompt_len": len(prompt.input_ids), "tokens": len(answer),
+               "sampling": request_sampling(decoding, prompt.id),
                "server": {**server, "output_tokens": reply.completion_tokens, "source": reply.source,
                           "figure": (1 + reply.accepted_drafts / reply.verify_count)
                           if reply.verify_count and reply.accepted_drafts is not None else None},

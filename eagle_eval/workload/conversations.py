@@ -6,7 +6,8 @@ fail before any decoding. `run_turns` decodes each question turn by turn: turn t
 user turns 1..t with, between them, the target's own answers to the earlier turns (the output of the
 speculative decode, which is plain greedy), decoded to text without special tokens: what FastChat's
 `gen_model_answer` and EAGLE's MT-Bench evaluation do. Each turn is one `SampleRecord` with `turn`
-set; a question with several turns gets ids `ID/turn1`, `ID/turn2`, ...
+set; a question with several turns gets ids `ID/turn1`, `ID/turn2`, ... With --long-context each question is
+one turn per length, its prompt built by workload/long_context.py (ids `ID/ctxL`).
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ def _check_unique(questions: list[Question]) -> None:
         seen.add(q.id)
 
 
-def load_workload(config: WorkloadSettings, tokenizer) -> Workload:
+def load_workload(config: WorkloadSettings, tokenizer, limits=None) -> Workload:
+    """limits: the oracle's (vocab, max positions, positions the decode adds, what sets the maximum), which caps
+    the prompts --long-context builds (workload/long_context.py); None: no cap."""
     questions, fmt_name, source = _read(config)
     chosen = select(questions, source["path"], config.categories, config.shuffle_seed, config.limit)
     if not chosen:
@@ -118,6 +121,11 @@ def load_workload(config: WorkloadSettings, tokenizer) -> Workload:
         notes.append("--enable-thinking/--disable-thinking ignored: the tokenizer has no chat template")
     for n in notes:
         warnings.warn(n, stacklevel=2)
+    long_context = None
+    if config.long_context:
+        from eagle_eval.workload.long_context import build
+        chosen, long_context = build(questions, chosen, config.long_context, fmt, tokenizer, limits,
+                                     config.shuffle_seed or 0, source["path"])
     first = [turn_prompt(q, 1, [], fmt, tokenizer) for q in chosen]
     resolved = {
         "dataset_format": fmt_name,
@@ -127,6 +135,7 @@ def load_workload(config: WorkloadSettings, tokenizer) -> Workload:
         "prompt_format": fmt.as_dict(),
         "multi_turn": "turn t>1 is rendered from the earlier user turns and the target's own greedy "
                       "answers to them (decoded without special tokens)",
+        **({"long_context_workload": long_context} if long_context else {}),
     }
     return Workload(chosen, fmt, tokenizer, first, resolved, notes)
 
