@@ -813,7 +813,7 @@ def settings_file_text(command: str, settings: Settings, own: Group | None) -> s
     import yaml
 
     data = {"command": command, **settings.grouped()}
-    data["output"] = {k: v for k, v in data["output"].items() if k == "output_dir"}
+    data["output"] = {k: v for k, v in data["output"].items() if k in ("output_dir", "context_buckets")}
     if settings.speculation.eagle_depth is not None:      # given as EAGLE's names: the others follow from them
         data["speculation"].update(num_steps=None, topk=None, num_draft_tokens=None)
     if own is not None and fields(own):

@@ -49,10 +49,15 @@ def test_ablate_cli_outputs(pair, tmp_path):
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["ablate", "--target", str(target), "--draft", str(head), "--prompts", str(prompts),
                                     "--max-steps", "4", "--max-new-tokens", "16", "--vary", "aux_layers=2,4,6",
-                                    "--cost-ratio", "0.05", "--output-dir", str(out)])
-    assert res.exit_code == 0, res.output
+                                    "--cost-ratio", "0.05", "--train-context", "16", "--output-dir", str(out)])
+    assert res.exit_code == 0, res.output          # the finding of each variant is said, the advice decides the exit
     result = json.loads((out / "ablation.json").read_text())
     assert [v["variant"] for v in result["variants"]] == ["base", "aux_layers=2,4,6"]
+    for v in result["variants"]:                   # its profile's starts by context, at the base num_steps (5 -> 4)
+        ctx = v["by_context"]
+        assert ctx["kind"] == "starts" and ctx["num_steps"] == 4 and ctx["train_context"] == 16
+        assert ctx["train_context_finding"]["verdict"] in ("decayed", "not decayed", "undecided")
+    assert res.output.count("  by context: expected tokens per step past 16 - before = ") == 2
     assert result["variants"][1]["aux_layers"]["sglang"] == [2, 4, 6]
     assert result["costs"]["cost_ratio"] == 0.05
     rows = list(csv.DictReader(open(out / "ablation.csv")))

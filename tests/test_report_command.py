@@ -92,7 +92,10 @@ def test_acceptance_csv_round_trips_with_speculators_columns(runs):
     rows = read_csv(folder / "acceptance.csv")
     expected = csv_rows(report)
     assert rows == [{k: row.get(k) for k in rows[0]} for row in expected]
-    assert [r["group"] for r in rows] == ["all", "category:math", "category:writing", "turn:1", "turn:2"]
+    groups = [r["group"] for r in rows]
+    assert groups[:5] == ["all", "category:math", "category:writing", "turn:1", "turn:2"]
+    buckets = report["by_context"]["buckets"]                  # then one row per context bucket
+    assert groups[5:] == [f"context:{b['low']}-{b['high'] or 'inf'}" for b in buckets] and buckets
     by_group = {r["group"]: r for r in rows}
     for group, body in (("all", report), ("turn:2", report["by_turn"]["2"])):
         row, s = by_group[group], body["summary"]
@@ -108,7 +111,7 @@ def test_two_results_csv_and_comparison(runs, tmp_path):
     result = CliRunner().invoke(main, ["report", str(a), str(b), "--csv", str(tmp_path / "both.csv")])
     assert result.exit_code == 0, result.output
     assert "differences B - A" in result.output and "rule: tau flagged" in result.output
-    rows = read_csv(tmp_path / "both.csv")
+    rows = [r for r in read_csv(tmp_path / "both.csv") if not r["group"].startswith("context:")]
     assert [r["result"] for r in rows] == [str(a)] * 5 + [str(b)] * 5
 
 

@@ -148,8 +148,13 @@ def test_vllm_per_request_metrics_are_read_from_each_answer(run_config, checker,
         assert all(row["server"]["accepted_per_cycle"] == row["oracle"]["accepted_per_cycle"]
                    for row in r["requests"])
         assert f"verify step by verify step on {NUM_PROMPTS} requests: {NUM_PROMPTS} equal" in text
+        # the server's per-step counts bucketed by context (results/context.py) are the oracle's, bucket by bucket
+        assert r["server_by_context"]["requests"] == NUM_PROMPTS
+        assert r["server_by_context"]["buckets"] == r["by_context"]["buckets"]
+        assert "server acceptance by context (its per-step counts)" in text
     else:
         assert compared == 0 and any("summary level" in w for w in r["warnings"])
+        assert r["server_by_context"] is None and r["by_context"]["buckets"]     # no per-step counts: no buckets
 
 
 def test_vllm_per_step_order_differs_with_equal_totals(run_config, checker, server_oracle):

@@ -174,7 +174,7 @@ def write_csv(path: str | Path, results: list[tuple[str | None, dict]]) -> None:
 
 def _value(key: str, text: str):
     if key in TEXT_COLUMNS:
-        return text
+        return text if text or key != "train_context_side" else None
     if text == "":
         return None
     return float(text) if any(c in text for c in ".en") else int(text)

@@ -64,13 +64,18 @@ class _Builder:
         return SEPARATOR.join(self.order[:k])
 
     def fewest_texts(self, length: int, source: str) -> int:
-        """The fewest texts of the order whose prompt reaches `length` tokens (the count grows with k)."""
-        most = self.tokens(self.filler(len(self.order)))
+        """The fewest texts of the order whose prompt reaches `length` tokens (the count grows with k): doubling k
+        until it does, then halving the last step, so a large file is never rendered whole."""
+        hi = 1
+        while hi < len(self.order) and self.tokens(self.filler(hi)) < length:
+            hi *= 2
+        hi = min(hi, len(self.order))
+        most = self.tokens(self.filler(hi))
         if most < length:
             raise DataError(f"--long-context {length}: {source} cannot fill it: all {len(self.order)} other texts of "
                             f"the file make a prompt of {most} tokens for question {self.q.id!r} ({self.q.where}); "
                             "give a larger dataset (--dataset) or a smaller length")
-        lo, hi = 0, len(self.order)            # tokens(filler(hi)) >= length
+        lo = hi // 2 if hi > 1 else 0          # tokens(filler(hi)) >= length > tokens(filler(lo)) (lo > 0)
         while lo < hi:
             mid = (lo + hi) // 2
             if self.tokens(self.filler(mid)) >= length:
