@@ -164,8 +164,12 @@ def test_profile_buckets_its_starts_and_report_rebuckets_them(tiny, tmp_path, sa
                                     "--prompts", str(tiny["prompts"]), "--num-steps", "2", "--max-steps", "3",
                                     "--max-new-tokens", "24", "--output-dir", str(out), *sampling])
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["report", str(out), "--context-buckets", "0,20", "--csv", str(tmp_path / "p.csv")])
-    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["report", str(out), "--context-buckets", "0,20", "--train-context", "20",
+                                    "--csv", str(tmp_path / "p.csv")])
+    verdict = next(line for line in res.stdout.splitlines() if line.startswith("train context 20:"))
+    assert "expected tokens per step (1 + sum_i P(A >= i) per start) past - before" in verdict
+    assert res.exit_code == {"DECAYED": 1, "NOT DECAYED": 0, "UNDECIDED": 3}[
+        verdict.split("): ")[-1].split(" (")[0]], res.output
     rows = [json.loads(line) for line in (out / "per_start.jsonl").read_text().splitlines()]
     lens = {json.loads(line)["id"]: json.loads(line)["prompt_len"] for line in (out / "samples.jsonl").read_text()
             .splitlines()}
