@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from fixtures import VOCAB, save_with_tokenizer
 
@@ -186,3 +187,20 @@ def train_mtp(path: Path, prompts: list[list[int]], convention: str = "vllm", st
     sd.update(checkpoint_tensors(stack, target.info.decoder.split('.', 1)[1]))
     save_file(sd, path / "model.safetensors", metadata={"format": "pt"})
     return path
+
+
+@pytest.fixture(scope="session")
+def mtp_targets(tmp_path_factory):
+    """family -> (a tiny target with one MTP layer trained a little under vLLM's convention, the prompts file),
+    each built once per session (tests/conftest.py shares it)."""
+    root = tmp_path_factory.mktemp("mtp")
+    prompts = write_prompts(root / "prompts.jsonl")
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            folder = make_mtp_target(root / family, family)
+            train_mtp(folder, read_prompts(prompts)[:6], steps=12)
+            made[family] = folder
+        return made[family], prompts
+    return get

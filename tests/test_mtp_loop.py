@@ -19,7 +19,7 @@ import shutil
 
 import pytest
 import torch
-from mtp_fixtures import make_mtp_target, read_prompts, train_mtp, write_prompts
+from mtp_fixtures import read_prompts
 
 from eagle_eval import api
 from eagle_eval.records import Prompt
@@ -33,22 +33,6 @@ LAYOUT = {   # family -> (MTP key prefix of layer 0, fusion keys (embedding norm
     "qwen3_5": ("mtp.layers.0.", ("mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_hidden", "mtp.fc"), "mtp.norm"),
     "mimo": ("model.mtp_layers.0.", ("token_layernorm", "hidden_layernorm", "input_proj"), "final_layernorm"),
 }
-
-
-@pytest.fixture(scope="session")
-def mtp_targets(tmp_path_factory):
-    """family -> a tiny target with one MTP layer trained a little under vLLM's convention (built once)."""
-    root = tmp_path_factory.mktemp("mtp")
-    prompts = write_prompts(root / "prompts.jsonl")
-    made = {}
-
-    def get(family: str):
-        if family not in made:
-            folder = make_mtp_target(root / family, family)
-            train_mtp(folder, read_prompts(prompts)[:6], steps=12)
-            made[family] = folder
-        return made[family], prompts
-    return get
 
 
 class NaiveMTP:

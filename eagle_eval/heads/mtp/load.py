@@ -194,14 +194,21 @@ def _stack_experts(state: dict[str, torch.Tensor], origin: dict[str, str], expec
             raise CheckpointError(f"{key}: per-expert tensor, but the block's experts module has no fused "
                                   f"gate_up_proj ({head}): an unexpected tensor for this family")
         count = expected[f"{head}.gate_up_proj"][0]
+        sample = next(iter(next(iter(projs.values())).values()))[1]
+        where = sample.rsplit(".", 3)[0]                      # the checkpoint's "...mlp.experts"
+        if f"{head}.gate_up_proj" in state or f"{head}.down_proj" in state:
+            raise CheckpointError(f"{where}: the experts are stored both fused ({where}.gate_up_proj) and one per "
+                                  f"key ({sample}): which to read is ambiguous")
         for proj in ("gate_proj", "up_proj", "down_proj"):
             got = projs.get(proj, {})
             missing = [e for e in range(count) if e not in got]
             extra = [e for e in got if e >= count]
-            if missing or extra:
-                sample = next(iter(next(iter(projs.values())).values()))[1]
-                which = f"missing experts {missing[:4]}" if missing else f"experts {extra[:4]} beyond n_routed_experts"
-                raise CheckpointError(f"{sample}: {which} for {proj} (the config has {count} routed experts)")
+            if missing:
+                raise CheckpointError(f"missing MTP tensor '{where}.{missing[0]}.{proj}.weight' (experts {missing[:4]} "
+                                      f"of {proj} absent; the config has {count} routed experts)")
+            if extra:
+                raise CheckpointError(f"unexpected MTP tensor '{where}.{extra[0]}.{proj}.weight': the config has "
+                                      f"{count} routed experts")
         gate_up = [torch.cat([projs["gate_proj"][e][0], projs["up_proj"][e][0]], dim=0) for e in range(count)]
         if len({tuple(t.shape) for t in gate_up + [projs["down_proj"][e][0] for e in range(count)]}) > 2:
             shapes = sorted({tuple(projs[p][e][0].shape) for p in projs for e in range(count)})
