@@ -188,8 +188,9 @@ class MTPDraft(nn.Module):
     def __init__(self, stack: MTPStack, convention: Convention, lm_head: nn.Module, rotary: nn.Module,
                  layer: int = 0):
         super().__init__()
-        if convention.schedule != FIRST:
-            raise ValueError(f"MTPDraft drafts every step with one layer; schedule {convention.schedule!r} is not that")
+        if convention.schedule != FIRST and stack.config.num_layers != 1:    # one layer: the schedules coincide
+            raise ValueError(f"MTPDraft drafts every step with one layer; schedule {convention.schedule!r} of "
+                             f"{stack.config.num_layers} layers is not that")
         self.stack, self.lm_head, self.convention = stack, lm_head, convention
         self.rotary = rotary
         self.config: MTPConfig = stack.config
