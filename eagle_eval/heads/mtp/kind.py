@@ -22,6 +22,19 @@ def wire(settings, loaded, target, weight_checks: dict):
     return wire_mtp(settings, loaded, target, weight_checks)
 
 
+def variants(settings, resolved) -> list[tuple[str, str, dict]]:
+    from eagle_eval.heads.mtp.wire import variants as mtp_variants
+
+    return mtp_variants(settings, resolved)
+
+
+def meta_from_target(config: dict, config_file, decoder):
+    """The MTP layers `--draft mtp` would load, on the meta device (the caller's device context), and their config."""
+    from eagle_eval.heads.mtp.load import meta_stack
+
+    return meta_stack(config, config_file, decoder)
+
+
 def kv_bytes(cfg, size: int) -> int:
     """The MTP block's K and V per token, as eagle-eval holds them (MLA: decompressed, per head)."""
     t = cfg.text_config
@@ -43,4 +56,4 @@ KIND = HeadKind(
     detect=lambda config: None, load=_not_a_folder,
     default_taps=lambda num_layers, cfg: [post_norm_index(num_layers)],
     kv_bytes=kv_bytes, meta=_not_a_folder, info=lambda cfg: {"family": cfg.family},
-    wire=wire, keyword="mtp", load_from_target=load_from_target)
+    wire=wire, keyword="mtp", load_from_target=load_from_target, variants=variants, meta_from_target=meta_from_target)

@@ -295,27 +295,43 @@ def _compare_unused(present: dict, target) -> list[str]:
     return notes
 
 
-def load_from_target(target):
-    """The MTP layers of the loaded `target`'s own checkpoint -> heads/io.py LoadedHead (head: MTPStack)."""
-    from eagle_eval.heads.io import LoadedHead
+def _config(config: dict, config_file: Path, text_config, num_target_layers: int, hidden: int, vocab: int,
+            block_class) -> MTPConfig:
     from eagle_eval.heads.mtp.layouts import family_of
 
-    if target is None or not target.info.path:
-        raise CheckpointError("--draft mtp reads the MTP layers from the target's checkpoint folder: a target loaded "
-                              "from a folder is needed")
-    folder = Path(target.info.path)
-    config_file = folder / "config.json"
-    config = read_json_file(config_file, CheckpointError)
     family = family_of(config)
     if family is None:
         raise CheckpointError(f"{config_file}: model_type {config.get('model_type')!r} (architectures "
                               f"{config.get('architectures')}): --draft mtp reads the MTP layers of "
                               + ", ".join(lay.description for lay in LAYOUTS.values()) + " targets")
     n = layer_count(config, config_file, family)
+    return MTPConfig(family=family, num_layers=n, target_layers=num_target_layers, hidden_size=hidden,
+                     vocab_size=vocab, block_class=block_class.__name__,
+                     text_config=block_config(text_config, family))
+
+
+def meta_stack(config: dict, config_file: Path, decoder) -> tuple[MTPStack, MTPConfig]:
+    """(the MTPStack `--draft mtp` would load for this target, built in the caller's device context, e.g. meta; its
+    config) from the target's config.json and its text decoder (models/text_decoder.py), no weight read (`plan`)."""
+    block_class = type(decoder.layers[0])
+    cfg = _config(config, config_file, decoder.config, len(decoder.layers), decoder.config.hidden_size,
+                  decoder.output_embeddings.weight.shape[0], block_class)
+    return MTPStack(cfg, block_class), cfg
+
+
+def load_from_target(target):
+    """The MTP layers of the loaded `target`'s own checkpoint -> heads/io.py LoadedHead (head: MTPStack)."""
+    from eagle_eval.heads.io import LoadedHead
+
+    if target is None or not target.info.path:
+        raise CheckpointError("--draft mtp reads the MTP layers from the target's checkpoint folder: a target loaded "
+                              "from a folder is needed")
+    folder = Path(target.info.path)
+    config_file = folder / "config.json"
     block_class = type(target.layers[0])
-    cfg = MTPConfig(family=family, num_layers=n, target_layers=target.num_layers,
-                    hidden_size=target.info.hidden_size, vocab_size=target.info.vocab_size,
-                    block_class=block_class.__name__, text_config=block_config(target.text_config, family))
+    cfg = _config(read_json_file(config_file, CheckpointError), config_file, target.text_config, target.num_layers,
+                  target.info.hidden_size, target.info.vocab_size, block_class)
+    family = cfg.family
     decoder = target.info.decoder.split(".", 1)[1]          # "model.model.layers" -> the checkpoint's "model.layers"
     stack, unused, notes = read_stack(folder, family, cfg, block_class, decoder, config_file)
     notes += _compare_unused(unused, target)

@@ -51,6 +51,53 @@ def parse_planted(items) -> dict:
     return out
 
 
+FLIPS = {"input": ("pre", "post"), "chain": ("pre", "post"), "mask_position0": (True, False),
+         "hidden_first": (True, False)}
+WORDS = {"input": "the target's state {} its final norm as input",
+         "chain": "the output {} the MTP output norm handed to the next step",
+         "mask_position0": "position-0 embedding masking {}", "hidden_first": "the fusion {}"}
+
+
+def _flip_words(key: str, value) -> str:
+    fill = {"input": {"pre": "before", "post": "after"}, "chain": {"pre": "before", "post": "after"},
+            "mask_position0": {True: "on", False: "off"},
+            "hidden_first": {True: "hidden first", False: "embedding first"}}[key][value]
+    return WORDS[key].format(fill)
+
+
+def variants(settings, resolved) -> list[tuple[str, str, dict]]:
+    """The MTP kind's wiring faults (heads/kind.py `HeadKind.variants`): every other engine's whole convention that
+    engine runs for this target and num_steps, then each single choice of the run's convention flipped; a variant
+    that is the run's convention, or one listed already, is dropped."""
+    from eagle_eval.heads.mtp.conventions import ENGINES, ConventionError
+
+    family, spec_s = resolved.head.extra["mtp"]["family"], settings.speculation
+    current = convention_for(settings, family)
+    seen, out = [current], []
+
+    def add(name, description, changes):
+        conv = convention_for(settings.with_(**changes), family)
+        if all(conv.differs(s) for s in seen):
+            seen.append(conv)
+            out.append((name, description, changes))
+
+    for engine in ENGINES:
+        try:
+            check_steps(CONVENTIONS[family][engine], family, resolved.head.extra["mtp"]["layers"], spec_s.num_steps,
+                        spec_s.topk)
+        except ConventionError:
+            continue
+        add(f"{engine}_convention", f"{engine}'s convention for {family}", {"mtp_convention": engine,
+                                                                             "mtp_planted": None})
+    base = tuple(spec_s.mtp_planted or ())
+    for key, values in FLIPS.items():
+        value = next(v for v in values if v != getattr(current, key))
+        text = value if isinstance(value, str) else str(value).lower()
+        planted_items = tuple(i for i in base if not i.startswith(key + "=")) + (f"{key}={text}",)
+        add(f"mtp_{key}_{text}", _flip_words(key, value), {"mtp_planted": planted_items})
+    return out
+
+
 def tap(num_layers: int, convention) -> int:
     """The internal index of the target tensor the MTP layer reads: N + 1 after the final norm, N before it."""
     return post_norm_index(num_layers) if convention.input == "post" else num_layers
