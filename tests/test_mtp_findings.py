@@ -23,7 +23,7 @@ NEW = 16
 
 def settings(folder, prompts, **kw):
     return Settings.of(target=str(folder), draft="mtp", prompts=str(prompts), dtype="fp32", max_new_tokens=NEW,
-                       num_steps=3, **kw)
+                       **{"num_steps": 3, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,7 @@ def chain_post_glm(tmp_path_factory):
     root = tmp_path_factory.mktemp("mtp-planted")
     prompts = write_prompts(root / "prompts.jsonl", n=16, seed=9)
     folder = make_mtp_target(root / "glm", "glm4_moe", seed=4)
-    train_mtp(folder, read_prompts(write_prompts(root / "train.jsonl", n=8, seed=2)), steps=25, num_steps=3,
-              planted={"chain": "post"})
+    train_mtp(folder, read_prompts(prompts), steps=40, num_steps=3, planted={"chain": "post"})
     return folder, prompts
 
 
@@ -43,15 +42,29 @@ def sweep_verdict(result):
 
 
 def test_diagnose_names_the_chaining_the_layer_was_trained_for(chain_post_glm):
+    """Chaining shows only from the second draft step on, so the sweep drafts 5 steps (the profile gives them all)."""
     folder, prompts = chain_post_glm
-    result = diagnose(settings(folder, prompts), DiagnoseOptions(prompt_budget=16, template_check=False))
+    result = diagnose(settings(folder, prompts, num_steps=5), DiagnoseOptions(prompt_budget=16, template_check=False))
     (verdict,) = sweep_verdict(result)
     assert verdict.code == "mtp-wiring-mismatch" and verdict.severity == "error", verdict.message
-    planted = dict(verdict.detail["variant"])
-    assert "chain=post" in (planted.get("mtp_planted") or ()) or planted.get("mtp_convention") == "sglang"
+    assert list(verdict.detail["variant"]["mtp_planted"]) == ["chain=post"]
+    assert "handed to the next step" in verdict.message
     rows = result.report["sweep"]["rows"]
-    assert rows[0]["rank"] == 1 and rows[0]["status"] == "better"
+    assert list(rows[0]["changes"]["mtp_planted"]) == ["chain=post"] and rows[0]["status"] == "better"
+    assert next(r for r in rows if r["label"].startswith("mtp_hidden_first"))["tau_pos"] < 1.1   # order: nothing left
     assert result.exit_status == 1
+
+
+def test_diagnose_names_the_input_the_layer_was_trained_for(chain_post_glm):
+    """The layer trained on the target's state AFTER its final norm, run on the state before it (a planted wiring
+    error, vLLM's MiMo input on a GLM layer): the finding names the input, through vLLM's whole GLM convention."""
+    folder, prompts = chain_post_glm
+    result = diagnose(settings(folder, prompts, mtp_planted=("input=pre",)),
+                      DiagnoseOptions(prompt_budget=16, template_check=False))
+    (verdict,) = sweep_verdict(result)
+    assert verdict.code == "mtp-wiring-mismatch", verdict.message
+    won = verdict.detail["variant"]
+    assert won.get("mtp_convention") in ("vllm", "sglang") or "input=post" in won["mtp_planted"], won
 
 
 def test_diagnose_finds_nothing_when_the_convention_is_the_trained_one(mtp_targets):

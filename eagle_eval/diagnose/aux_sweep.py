@@ -24,12 +24,12 @@ from eagle_eval.findings import Finding, error, info, undecided, warning
 class Candidate:
     label: str
     hf: tuple[int, ...]
-    changes: tuple = ()           # a head kind's variant (heads/kind.py HeadKind.variants): settings (name, value)
+    changes: tuple | None = None  # a head kind's variant (heads/kind.py HeadKind.variants): settings (name, value)
 
 
 def variant_candidates(configured: tuple[int, ...], variants) -> list[Candidate]:
     """The configured wiring, then a head kind's own variants ((name, description, settings changes)), in order."""
-    return [Candidate("configured", configured)] + [Candidate(f"{name} ({description})", configured,
+    return [Candidate("configured", configured, ())] + [Candidate(f"{name} ({description})", configured,
                                                               tuple(changes.items()))
                                                     for name, description, changes in variants]
 
@@ -112,7 +112,7 @@ class SweepRow:
                 "tau_pos": tau_pos, "se_pos": se_pos, "positions": sum(c for _, c in self.positions),
                 "delta_vs_configured": b.delta, "delta_se": b.se, "delta_lower": b.lower, "delta_upper": b.upper,
                 "status": self.status, "clearly_better": self.status == "better",
-                **({"changes": dict(self.candidate.changes)} if self.candidate.changes else {})}
+                **({"changes": dict(self.candidate.changes)} if self.candidate.changes is not None else {})}
 
 
 def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bool = False) -> list[tuple[list, list]]:
@@ -125,9 +125,9 @@ def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bo
     out = []
     n, steps = oracle.speculator.target.num_layers, oracle.resolved.num_steps
     for cand in cands:
-        swept = (oracle.with_(**dict(cand.changes)) if cand.changes else
+        swept = (oracle.with_(**dict(cand.changes)) if cand.changes is not None else
                  oracle.with_(aux_layers=cand.hf, aux_convention="boundary" if n in cand.hf else "hf"))
-        with within(f"{cand.label}" if cand.changes else f"aux-layer sweep, HF {list(cand.hf)}"):
+        with within(cand.label if cand.changes is not None else f"aux-layer sweep, HF {list(cand.hf)}"):
             res = profile_prompts(swept, prompts, ProfileOptions(max_steps=steps), continuations, progress)
         out.append((prompt_counts([s.accepted_per_cycle for s in res.samples]), sample_positions(res.samples, steps)))
     return out
@@ -214,7 +214,7 @@ def _inconclusive_message(rows: list[SweepRow], seq: decide.Sequence, budget: in
             else "its gain sits on the margin: more prompts may not decide it")
     remedy = ("raise --prompt-budget" if seq.prompts >= budget else
               "the workload has no more questions: give more (--prompts, --dataset) or raise --limit")
-    which = r.candidate.label if r.candidate.changes else f"HF {list(r.candidate.hf)} ({r.candidate.label})"
+    which = r.candidate.label if r.candidate.changes is not None else f"HF {list(r.candidate.hf)} ({r.candidate.label})"
     return (f"could not tell on {seq.prompts} prompt(s) (--prompt-budget {budget}): {which} gains {b.delta:+.3f} tau_pos [{b.lower:+.3f}, {b.upper:+.3f}], neither clearly "
             f"better (lower bound > 0, gain >= {decide.MARGIN}) nor bounded below {decide.MARGIN}; {more} ({remedy})"
             + (f"; {len(open_rows) - 1} other candidate(s) also open" if len(open_rows) > 1 else ""))
