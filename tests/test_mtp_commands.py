@@ -83,3 +83,53 @@ def test_the_report_echoes_every_engines_convention(mtp_targets):
     mimo = api.load_oracle(settings(*mtp_targets("mimo"), num_steps=2)).resolved.as_dict()
     assert mimo["aux_layers"]["hf"] == [2] and mimo["aux_layers"]["final_prenorm"] is True  # vLLM's MiMo: before it
     assert mimo["aux_layers"]["engines"]["sglang"]["hf"] == [3]
+
+
+@pytest.mark.parametrize("rule", ["vllm", "vllm-probabilistic", "sglang", "sglang-rs", "eagle"])
+def test_temperature_above_zero_under_every_rule(mtp_targets, rule):
+    """The engines run MTP drafts through their EAGLE sampling code (vLLM llm_base_proposer.py, SGLang's EAGLE
+    worker), so every accept rule applies unchanged: the loop's samples pass the distribution check, the batched loop
+    draws what the reference loop draws, and the profile at temperature > 0 runs."""
+    from eagle_eval.settings import LoopOptions
+
+    folder, prompts = mtp_targets("glm4_moe")
+    convention = "sglang" if rule.startswith("sglang") else "vllm"
+    run = settings(folder, prompts, num_steps=2, temperature=0.8, accept_rule=rule, mtp_convention=convention)
+    one = api.evaluate(run, LoopOptions(check_lossless=True), progress=False)
+    check = one.report["summary"]["distribution_check"]
+    assert check["verdict"] in ("consistent", "undecided") and check["samples_checked"] == 5, check
+    batched = api.evaluate(run, LoopOptions(batch_size=3), progress=False)
+    assert [s.output_ids for s in batched.samples] == [s.output_ids for s in one.samples]
+    assert sum(sum(s.accepted_per_cycle) for s in one.samples) > 0
+    prof = api.profile(run, ProfileOptions(max_steps=2), progress=False)
+    assert prof.report["config"]["head"]["kind"] == "mtp" and len(prof.per_start) > 10
+
+
+def test_ablate_sweeps_num_steps_and_the_convention(mtp_targets):
+    """One profile per variant gives every num_steps: the per-position rates show what reusing the one MTP layer for
+    the later steps costs, beside SGLang's convention as a variant."""
+    from eagle_eval.settings import AblateOptions
+
+    folder, prompts = mtp_targets("glm4_moe")
+    result = api.ablate(settings(folder, prompts), AblateOptions(max_steps=4, vary=("mtp_convention=sglang",),
+                                                                 cost_ratio=0.1), progress=False)
+    names = [v["variant"] for v in result["variants"]]
+    assert len(names) == 2 and "mtp_convention=sglang" in names[1]
+    base = result["variants"][0]
+    rates = [p["conditional_rate"] for p in base["by_num_steps"]["4"]["per_position"]]
+    assert len(rates) == 4 and rates[0] > 0
+
+
+def test_plan_counts_the_mtp_layers_bytes_and_kv(mtp_targets):
+    from eagle_eval.plan.command import make_plan
+    from eagle_eval.settings import PlanOptions
+    from eagle_eval.heads.mtp.load import load_from_target
+    from mtp_fixtures import load_target
+
+    folder, _ = mtp_targets("deepseek_v3")
+    plan = make_plan(PlanOptions(target=str(folder), draft="mtp", gpus=1, gpu_memory="10GiB", dtype="fp32"))
+    stack = load_from_target(load_target(folder)).head
+    assert plan.head["kind"] == "mtp"
+    assert plan.head["bytes"] == sum(t.numel() * 4 for t in stack.state_dict().values())
+    # MLA held per head: 2 heads x (nope 8 + rope 8 + v 8) x 4 bytes
+    assert plan.head["kv_per_token"] == 2 * (8 + 8 + 8) * 4 == plan.kv["head_per_token"]
