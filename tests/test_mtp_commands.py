@@ -133,3 +133,24 @@ def test_plan_counts_the_mtp_layers_bytes_and_kv(mtp_targets):
     assert plan.head["bytes"] == sum(t.numel() * 4 for t in stack.state_dict().values())
     # MLA held per head: 2 heads x (nope 8 + rope 8 + v 8) x 4 bytes
     assert plan.head["kv_per_token"] == 2 * (8 + 8 + 8) * 4 == plan.kv["head_per_token"]
+
+
+def test_the_cli_runs_draft_mtp_and_echoes_the_conventions(mtp_targets, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from eagle_eval.cli import main
+
+    folder, prompts = mtp_targets("mimo")
+    out = CliRunner().invoke(main, ["run", "--target", str(folder), "--draft", "mtp", "--prompts", str(prompts),
+                                    "--num-steps", "1", "--max-new-tokens", "8", "--mtp-convention", "sglang",
+                                    "--output-dir", str(tmp_path / "run")])
+    assert out.exit_code == 0, out.output
+    assert "runs sglang's convention: input after the final norm, position-0 mask on" in out.output
+    assert "vllm          input before the final norm" in out.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["config"]["mtp_convention"] == "sglang" and report["config"]["head"]["kind"] == "mtp"
+    bad = CliRunner().invoke(main, ["run", "--target", str(folder), "--draft", "mtp", "--prompts", str(prompts),
+                                    "--num-steps", "2", "--mtp-convention", "transformers"])
+    assert bad.exit_code == 2 and "transformers 5.25 has no MTP generation for mimo" in bad.output
