@@ -156,3 +156,30 @@ def test_experts_stored_fused_are_read_as_they_are(built, tmp_path):
         sd[p + "down_proj"] = torch.stack([sd[f"{p}{e}.down_proj.weight"] for e in range(4)])
     with pytest.raises(CheckpointError, match="stored both fused .* and one per key"):
         load(edited(built["deepseek_v3"], tmp_path / "both", both))
+
+
+def test_an_mtp_layer_exported_alone_runs_as_the_targets_own(mtp_targets, tmp_path):
+    """SGLang's NextN export (the target's config with num_hidden_layers 1, the layer as model.layers.0): detected
+    by its architectures, read strictly, and run with its target it drafts what --draft mtp drafts."""
+    from eagle_eval import api
+    from eagle_eval.settings import Settings
+
+    folder, prompts = mtp_targets("deepseek_v3")
+    export = tmp_path / "nextn"
+    export.mkdir()
+    sd = load_file(folder / "model.safetensors")
+    save_file({k.replace("model.layers.2.", "model.layers.0."): v for k, v in sd.items()
+               if k.startswith("model.layers.2.")}, export / "model.safetensors", metadata={"format": "pt"})
+    conf = json.loads((folder / "config.json").read_text())
+    conf.update(num_hidden_layers=1, architectures=["DeepseekV3ForCausalLMNextN"])
+    (export / "config.json").write_text(json.dumps(conf))
+    runs = [api.evaluate(Settings.of(target=str(folder), draft=draft, prompts=str(prompts), dtype="fp32",
+                                     num_steps=2, max_new_tokens=12, limit=3), progress=False)
+            for draft in ("mtp", str(export))]
+    assert runs[1].report["config"]["head"]["dialect"] == "deepseek_v3 (NextN export)"
+    assert [(s.output_ids, s.accepted_per_cycle) for s in runs[0].samples] == \
+        [(s.output_ids, s.accepted_per_cycle) for s in runs[1].samples]
+    assert sum(sum(s.accepted_per_cycle) for s in runs[0].samples) > 0
+    other, _ = mtp_targets("glm4_moe")
+    with pytest.raises(Exception, match="DeepseekV3DecoderLayer block, the target's layers are Glm4MoeDecoderLayer"):
+        api.load_oracle(Settings.of(target=str(other), draft=str(export), dtype="fp32"))

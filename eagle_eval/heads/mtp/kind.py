@@ -8,6 +8,23 @@ from __future__ import annotations
 from eagle_eval.heads.kind import HeadKind
 from eagle_eval.models.capture import post_norm_index
 
+# a target's MTP layer exported on its own (SGLang's NextN drafts: the target's config with num_hidden_layers 1, the
+# layer as model.layers.0, read by deepseek_weight_loader / glm4_moe.py with nextn_layer_id 0)
+NEXTN_ARCHITECTURES = ("DeepseekV3ForCausalLMNextN", "Glm4MoeForCausalLMNextN")
+NEXTN_EXPORT = "nextn-export"
+
+
+def detect(config: dict) -> str | None:
+    archs = config.get("architectures") or []
+    return NEXTN_EXPORT if isinstance(archs, list) and any(a in NEXTN_ARCHITECTURES for a in archs) else None
+
+
+def load(path, config_file, config: dict, dialect: str, allow_unknown_keys: bool):
+    """A separately exported MTP layer (`--draft FOLDER`), read as strictly as the target's own."""
+    from eagle_eval.heads.mtp.load import load_export
+
+    return load_export(path, config_file, config)
+
 
 def load_from_target(target, allow_unknown_keys: bool = False):
     """The MTP layers of the loaded `target`'s own checkpoint -> heads/io.py LoadedHead (head: MTPStack)."""
@@ -44,16 +61,17 @@ def kv_bytes(cfg, size: int) -> int:
     return 2 * t.num_key_value_heads * head_dim * size
 
 
-def _not_a_folder(*args, **kwargs):
+def _meta(*args, **kwargs):
     from eagle_eval.heads.eagle3.config import CheckpointError
 
-    raise CheckpointError("MTP layers are read from the target's own checkpoint: --draft mtp")
+    raise CheckpointError("plan reads an MTP layer from the target's config: --draft mtp")
 
 
 KIND = HeadKind(
     name="mtp", description="the target's own multi-token-prediction (MTP) layers",
-    architectures="--draft mtp (the target's own MTP layers: DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5, MiMo)",
-    detect=lambda config: None, load=_not_a_folder,
+    architectures="--draft mtp (the target's own MTP layers: DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5, MiMo); "
+                  + ", ".join(f"'{a}'" for a in NEXTN_ARCHITECTURES) + " (an MTP layer exported alone, SGLang NextN)",
+    detect=detect, load=load,
     default_taps=lambda num_layers, cfg: [post_norm_index(num_layers)],
-    kv_bytes=kv_bytes, meta=_not_a_folder, info=lambda cfg: {"family": cfg.family},
+    kv_bytes=kv_bytes, meta=_meta, info=lambda cfg: {"family": cfg.family},
     wire=wire, keyword="mtp", load_from_target=load_from_target, variants=variants, meta_from_target=meta_from_target)

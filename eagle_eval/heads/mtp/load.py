@@ -319,6 +319,35 @@ def meta_stack(config: dict, config_file: Path, decoder) -> tuple[MTPStack, MTPC
     return MTPStack(cfg, block_class), cfg
 
 
+def load_export(path: Path, config_file: Path, config: dict):
+    """A target's MTP layer exported alone (SGLang's NextN form: the target's config.json with `num_hidden_layers`
+    1 and the layer as `model.layers.0.`, or with the target's N and the layer at `model.layers.{N}.`, SGLang's
+    `nextn_layer_id` rule) -> heads/io.py LoadedHead; the block class is transformers' for its model_type, and the
+    wiring checks it against the target it is run with."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from eagle_eval.heads.io import LoadedHead
+    from eagle_eval.models.files import said_by
+
+    path = Path(path)
+    try:
+        text_config = AutoConfig.from_pretrained(str(path), local_files_only=True).get_text_config(decoder=True)
+        with torch.device("meta"):
+            one = copy.deepcopy(text_config)
+            one.num_hidden_layers = 1
+            block_class = type(AutoModelForCausalLM.from_config(one).model.layers[0])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise said_by(f"{config_file}: transformers cannot build this model_type's decoder layer", exc,
+                      CheckpointError) from exc
+    big_n = 0 if text_config.num_hidden_layers == 1 else text_config.num_hidden_layers
+    cfg = _config(config, config_file, text_config, big_n, text_config.hidden_size, text_config.vocab_size,
+                  block_class)
+    stack, _unused, notes = read_stack(path, cfg.family, cfg, block_class, "model.layers", config_file)
+    return LoadedHead(head=stack, kind="mtp", dialect=f"{cfg.family} (NextN export)", path=str(path),
+                      weights_file=f"{path} (MTP layer)", own_embedding=False, aux_ids_sglang=None, aux_ids_vllm=None,
+                      d2t_in_checkpoint=False, key_notes=tuple(notes))
+
+
 def load_from_target(target):
     """The MTP layers of the loaded `target`'s own checkpoint -> heads/io.py LoadedHead (head: MTPStack)."""
     from eagle_eval.heads.io import LoadedHead

@@ -138,6 +138,9 @@ def wire_mtp(settings, loaded, target, weight_checks: dict) -> Wired:
     if cfg.hidden_size != target.info.hidden_size or cfg.vocab_size != target.info.vocab_size:
         raise ConfigError(f"{loaded.path}: the MTP layers are for hidden_size {cfg.hidden_size} / vocab {cfg.vocab_size}"
                           f", the target has {target.info.hidden_size} / {target.info.vocab_size}")
+    if cfg.block_class != type(target.layers[0]).__name__:
+        raise ConfigError(f"{loaded.path}: the MTP layer is a {cfg.block_class} block, the target's layers are "
+                          f"{type(target.layers[0]).__name__}: it belongs to another family's target")
     conv = convention_for(settings, family)
     try:
         notes = check_steps(conv, family, n, spec_s.num_steps, spec_s.topk)
@@ -157,11 +160,11 @@ def wire_mtp(settings, loaded, target, weight_checks: dict) -> Wired:
 
     layout = LAYOUTS[family]
     extra = {"mtp": {
-        "family": family, "layout": layout.description, "layers": n, "target_layers": cfg.target_layers,
+        "family": family, "layout": layout.description, "layers": n, "target_layers": target.num_layers,
         "block": cfg.block_class, "drafting_layer": 0, "convention": conv.as_dict(),
         "engines": engines_echo(family, n, spec_s.num_steps, spec_s.topk), "positions": POSITIONS,
         "embedding_and_head": "the target's (every engine shares them with the MTP layer)"}}
-    info = HeadInfo(path=loaded.path, dialect=family, weights=loaded.weights_file, kind="mtp", mla=None,
+    info = HeadInfo(path=loaded.path, dialect=loaded.dialect, weights=loaded.weights_file, kind="mtp", mla=None,
                     norm_before_residual=None, rope_theta=None, rope_scaling=None, variant={}, keys=None, extra=extra)
     v = cfg.vocab_size
     return Wired(head=head, embed=embed, embedding="target (the target's embed_tokens, as every engine shares it)",
