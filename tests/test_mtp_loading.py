@@ -132,14 +132,19 @@ def test_what_no_engine_reads_is_compared_and_noted(built, tmp_path):
         load(edited(built["deepseek_v3"], tmp_path / "b", bad))
 
 
-def test_quantized_mtp_tensors_are_refused_with_the_reason(built, tmp_path):
+def test_quantized_mtp_tensors_the_target_does_not_share_are_refused_with_the_reason(built, tmp_path):
     def fp8(sd):
         w = sd["model.layers.2.eh_proj.weight"]
         sd["model.layers.2.eh_proj.weight"] = w.to(torch.float8_e4m3fn)
         sd["model.layers.2.eh_proj.weight_scale_inv"] = torch.ones(1, 1)
     with pytest.raises(CheckpointError, match=r"MTP tensor 'model.layers.2.eh_proj.weight(_scale_inv)?' is stored "
-                                              r"(F8_E4M3|F32).*does not dequantize a quantized MTP layer"):
-        load(edited(built["deepseek_v3"], tmp_path, fp8))
+                                              r"(F8_E4M3|F32).*reads a quantized MTP layer only as the target holds"):
+        load(edited(built["deepseek_v3"], tmp_path, fp8))              # the target itself is not FP8
+
+    def int4(sd):
+        sd["model.layers.2.self_attn.o_proj.weight_packed"] = torch.zeros(32, 4, dtype=torch.int32)
+    with pytest.raises(CheckpointError, match=r"'model.layers.2.self_attn.o_proj.weight_packed' is stored I32"):
+        load(edited(built["deepseek_v3"], tmp_path / "int4", int4))
 
 
 def test_experts_stored_fused_are_read_as_they_are(built, tmp_path):
@@ -183,3 +188,34 @@ def test_an_mtp_layer_exported_alone_runs_as_the_targets_own(mtp_targets, tmp_pa
     other, _ = mtp_targets("glm4_moe")
     with pytest.raises(Exception, match="DeepseekV3DecoderLayer block, the target's layers are Glm4MoeDecoderLayer"):
         api.load_oracle(Settings.of(target=str(other), draft=str(export), dtype="fp32"))
+
+
+def test_a_block_fp8_mtp_layer_is_held_as_the_target_is(tmp_path):
+    """A DeepSeek-V3 block-FP8 checkpoint (every projection, the MTP layer's too, FP8 with weight_scale_inv): on the
+    CPU transformers dequantizes the target on load, and the MTP layer is dequantized the same way; the run equals
+    the one of the checkpoint dequantized key by key (tests/quant_fixtures.py)."""
+    from quant_fixtures import PROJ, _rewrite, fp8_block_quantize, write_dequantized_copy
+
+    from eagle_eval import api
+    from eagle_eval.settings import Settings
+    from mtp_fixtures import write_prompts
+
+    folder = make_mtp_target(tmp_path / "ds", "deepseek_v3", hidden=32)
+    out = {}
+    for key, w in load_file(folder / "model.safetensors").items():
+        if PROJ.match(key) and w.shape[0] % 8 == 0 and w.shape[1] % 8 == 0:
+            out[key], out[key.removesuffix("weight") + "weight_scale_inv"] = fp8_block_quantize(w, (8, 8))
+        else:
+            out[key] = w
+    fp8 = _rewrite(folder, out, {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                 "weight_block_size": [8, 8]})
+    assert any(k.startswith("model.layers.2.") and k.endswith("_scale_inv") for k in out)     # the MTP layer's too
+    plain = write_dequantized_copy(fp8, tmp_path / "plain", (8, 8))
+    prompts = write_prompts(tmp_path / "p.jsonl", n=3)
+    runs = [api.evaluate(Settings.of(target=str(t), draft="mtp", prompts=str(prompts), dtype="fp32", num_steps=2,
+                                     max_new_tokens=10), progress=False) for t in (fp8, plain)]
+    assert [(s.output_ids, s.accepted_per_cycle) for s in runs[0].samples] == \
+        [(s.output_ids, s.accepted_per_cycle) for s in runs[1].samples]
+    a = load(fp8).head.state_dict()
+    b = load(plain).head.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -8,8 +8,10 @@ form: `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`) are stacked into the
 A layer's own `embed_tokens` / `shared_head.head` (DeepSeek, GLM) are read, their shapes checked, and compared with
 the target's (`checkpoint_tensors` is the writer, the tests' and an export's): no engine uses them (vLLM `_maybe_share_embeddings` / `_maybe_share_lm_head`, SGLang
 `set_embed_and_head`, transformers `MtpModel.tie_with_main_model`), so a difference is a note, not an error.
-Quantized MTP tensors (block-FP8 `weight_scale_inv`, compressed-tensors INT4 `weight_packed`) are refused with the
-reason: this loader holds the MTP layer in the run's dtype only.
+Quantized MTP tensors are held as the target's weights are, or refused with the reason: block-FP8 tensors (with
+their `weight_scale_inv`) are dequantized when transformers dequantized the target on load (the CPU); an FP8-held
+target (GPU), compressed-tensors INT4 (`weight_packed`) or a quantized MTP tensor in a target that is not block FP8
+is refused.
 """
 
 from __future__ import annotations
@@ -158,14 +160,39 @@ def checkpoint_tensors(stack: MTPStack, decoder: str = "model.layers") -> dict[s
     return {k: v.contiguous().clone() for k, v in out.items()}
 
 
-def _refuse_quantized(key: str, t: Tensor) -> None:
+@dataclass(frozen=True)
+class Fp8:
+    """How the target holds its block-FP8 weights, and so the MTP layer's: `block` when transformers dequantized the
+    target on load (its CPU path), the MTP layer then dequantized the same way; `refusal` when the target is held in
+    FP8 (on a GPU), which this loader does not do for an MTP layer."""
+    block: tuple[int, int] | None
+    refusal: str | None = None
+
+
+def _refuse_quantized(key: str, t: Tensor, fp8: Fp8 | None) -> None:
+    if t.dtype == "F8_E4M3" and fp8 is not None and fp8.block is not None:
+        return
     if key.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES or t.dtype not in FLOATS:
+        why = (fp8.refusal if fp8 is not None and fp8.refusal else
+               "eagle-eval reads a quantized MTP layer only as the target holds its own: block FP8 dequantized on "
+               "load, as transformers dequantizes the target on the CPU")
         raise CheckpointError(f"{t.file}: MTP tensor {key!r} is stored {t.dtype}"
                               + (" (a quantization scale or packed weight)" if t.dtype in FLOATS else "")
-                              + ": eagle-eval holds an MTP layer in the run's dtype only, and does not dequantize a "
-                              "quantized MTP layer (the engines run it quantized, or keep it unquantized: SGLang "
-                              "qwen3_5_mtp.py _mtp_quant_config); use a checkpoint whose MTP layers are "
-                              "unquantized")
+                              + f": {why}; use a checkpoint whose MTP layers are unquantized (SGLang keeps some "
+                              "unquantized: models/qwen3_5_mtp.py _mtp_quant_config)")
+
+
+def _dequantize(tensors: dict, index: dict[str, Tensor], fp8: Fp8 | None, dtype: torch.dtype) -> None:
+    """Block-FP8 weights (in place): W = fp8 * weight_scale_inv per block (models/quant/fp8.py dequantize_blocks, the
+    formula transformers applies to the target)."""
+    from eagle_eval.models.quant.fp8 import dequantize_blocks
+
+    for key in [k for k, t in tensors.items() if t.dtype == torch.float8_e4m3fn]:
+        scale_key = key + "_scale_inv"
+        if scale_key not in index:
+            raise CheckpointError(f"{index[key].file}: MTP tensor {key!r} is float8_e4m3fn without its "
+                                  f"{scale_key!r}")
+        tensors[key] = dequantize_blocks(tensors[key], _read(index, [scale_key])[scale_key], fp8.block, dtype)
 
 
 def _read(index: dict[str, Tensor], keys) -> dict[str, torch.Tensor]:
@@ -219,9 +246,10 @@ def _stack_experts(state: dict[str, torch.Tensor], origin: dict[str, str], expec
         origin[f"{head}.down_proj"] = projs["down_proj"][0][1]
 
 
-def read_stack(folder: Path, family: str, cfg: MTPConfig, block_class, decoder: str,
-               config_file: Path) -> tuple[MTPStack, dict, list[str]]:
-    """(the loaded MTPStack, {unused key: tensor}, notes): every MTP tensor of the checkpoint read strictly."""
+def read_stack(folder: Path, family: str, cfg: MTPConfig, block_class, decoder: str, config_file: Path,
+               fp8: Fp8 | None = None) -> tuple[MTPStack, dict, list[str]]:
+    """(the loaded MTPStack, {unused key: tensor}, notes): every MTP tensor of the checkpoint read strictly; block-FP8
+    tensors dequantized when `fp8` says the target was (their weight_scale_inv read with them)."""
     index = checkpoint_index(folder)
     keys = KeyMap(family, decoder, cfg.target_layers, cfg.num_layers)
     stack = MTPStack(cfg, block_class)
@@ -233,6 +261,9 @@ def read_stack(folder: Path, family: str, cfg: MTPConfig, block_class, decoder: 
             state_keys[key] = fixed[key]
         elif key in unused:
             continue
+        elif key.endswith(".weight_scale_inv") and fp8 is not None and fp8.block is not None \
+                and index.get(key.removesuffix("_scale_inv"), Tensor(None, "", ())).dtype == "F8_E4M3":
+            continue                                       # read with its weight (_dequantize)
         elif (i := keys.owner(key)) is not None:
             state_keys[key] = f"blocks.{i}.{key[len(keys.prefixes[i]):]}"
         elif keys.in_mtp_space(key):
@@ -245,8 +276,9 @@ def read_stack(folder: Path, family: str, cfg: MTPConfig, block_class, decoder: 
                               f"{cfg.layout.count_key} = {cfg.num_layers}. The checkpoint may have been exported or "
                               "quantized without its MTP layers")
     for key in list(state_keys) + [k for k in unused if k in index]:
-        _refuse_quantized(key, index[key])
+        _refuse_quantized(key, index[key], fp8)
     tensors = _read(index, state_keys)
+    _dequantize(tensors, index, fp8, torch.float32)
     state = {state_keys[k]: v for k, v in tensors.items()}
     origin = {state_keys[k]: k for k in tensors}
     _stack_experts(state, origin, expected)
@@ -348,6 +380,21 @@ def load_export(path: Path, config_file: Path, config: dict):
                       d2t_in_checkpoint=False, key_notes=tuple(notes))
 
 
+def _fp8_of(target, folder: Path) -> Fp8 | None:
+    """How a block-FP8 target holds its weights (None: not a block-FP8 checkpoint)."""
+    from eagle_eval.models.quant.fp8 import held_fp8_modules
+    from eagle_eval.models.quant.info import checkpoint_quantization_config
+
+    qc = checkpoint_quantization_config(folder) or {}
+    if qc.get("quant_method") != "fp8" or not qc.get("weight_block_size"):
+        return None
+    linears, experts = held_fp8_modules(target.model)
+    if linears or experts:
+        return Fp8(None, f"the target is held in FP8 here ({len(linears) + len(experts)} FP8 modules, transformers' "
+                         "GPU path); an MTP layer held in FP8 beside it is not implemented")
+    return Fp8(tuple(qc["weight_block_size"]))
+
+
 def load_from_target(target):
     """The MTP layers of the loaded `target`'s own checkpoint -> heads/io.py LoadedHead (head: MTPStack)."""
     from eagle_eval.heads.io import LoadedHead
@@ -362,7 +409,7 @@ def load_from_target(target):
                   target.info.hidden_size, target.info.vocab_size, block_class)
     family = cfg.family
     decoder = target.info.decoder.split(".", 1)[1]          # "model.model.layers" -> the checkpoint's "model.layers"
-    stack, unused, notes = read_stack(folder, family, cfg, block_class, decoder, config_file)
+    stack, unused, notes = read_stack(folder, family, cfg, block_class, decoder, config_file, _fp8_of(target, folder))
     notes += _compare_unused(unused, target)
     return LoadedHead(head=stack, kind="mtp", dialect=family, path=str(folder), weights_file=f"{folder} (MTP layers)",
                       own_embedding=False, aux_ids_sglang=None, aux_ids_vllm=None, d2t_in_checkpoint=False,
