@@ -63,6 +63,7 @@ AUX_CONVENTIONS = {
                 "output_hidden_states[N] is not (gpt-oss-style heads)",
 }
 DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
+MTP_CONVENTIONS = ("vllm", "sglang", "transformers")     # heads/mtp/conventions.py ENGINES
 FP8_MATMUL_CHOICES = ("auto", "kernel", "dequantize")     # models/quant/fp8.py
 # dataset readers (workload/datasets.py); "prompts" is the plain prompt JSONL of --prompts
 DATASET_FORMATS = ("mt_bench", "spec_bench", "gsm8k", "humaneval", "alpaca", "sharegpt", "prompts")
@@ -310,6 +311,12 @@ class SpeculationSettings(Group):
     draft_embedding: str = opt("auto", "auto: the draft's own table if it has one that differs (vLLM); target: the "
                                "target's (SGLang's rule); own: the draft's.", choices=EMBEDDING_CHOICES)
     position_offset: int = opt(0, "1 reproduces SGLang's draft positions before PR #25015 (p+k+1).", choices=(0, 1))
+    mtp_convention: str = opt("vllm", "With --draft mtp, whose way of running the MTP layer: its input before or after "
+                              "the target's final norm, position-0 embedding masking, the output handed to the next "
+                              "step (before or after the MTP output norm), the layer schedule (docs/mtp.md).",
+                              choices=MTP_CONVENTIONS)
+    mtp_planted: tuple[str, ...] | None = opt(None, "API only (diagnose): single MTP choices changed from the "
+                                              "convention, e.g. ('input=pre', 'chain=post').", cli=False)
 
     def validate(self):
         eagle = (self.eagle_depth, self.eagle_top_k, self.eagle_total_token)

@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fixtures import make_head, make_target, write_prompts  # noqa: E402
+from mtp_fixtures import mtp_targets  # noqa: E402,F401  (session fixture: tiny targets with trained MTP layers)
 
 torch.set_num_threads(1)   # tiny models: threads only add overhead (and CI has 2 cores)
 

@@ -144,9 +144,10 @@ class Engine:
         model, num_steps = self.oracle.settings.model, self.oracle.resolved.num_steps
         d = 8 if self.fault == "draft_tokens_info" else num_steps + 1
         avg = self.total[0] / self.total[1] if self.total[1] else None
-        return {"model_path": model.target, "version": "fake", "speculative_algorithm": "EAGLE3",
+        mtp = self.oracle.resolved.head.kind == "mtp"        # an MTP layer: NEXTN, drafted from the target's folder
+        return {"model_path": model.target, "version": "fake", "speculative_algorithm": "NEXTN" if mtp else "EAGLE3",
                 "speculative_num_steps": num_steps, "speculative_eagle_topk": 1,
-                "speculative_num_draft_tokens": d, "speculative_draft_model_path": model.draft,
+                "speculative_num_draft_tokens": d, "speculative_draft_model_path": model.target if mtp else model.draft,
                 "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": 0.0}]}
 
     def sglang_generate(self, body: dict) -> dict:

@@ -25,12 +25,16 @@ def own_inputs(own: Group | None) -> dict[str, str | None]:
 def model_folders(settings: Settings) -> dict[str, str]:
     """{"target": folder, "draft": folder}: a model id's snapshot in the HF cache (models/hub.py), so the owner
     file fingerprints the files the run reads; a local folder as given."""
+    from eagle_eval.heads.kind import keyword_kind
     from eagle_eval.models.hub import HEAD_FILES, TARGET_FILES, model_folder
 
     m = settings.model
     out = {}
     for name, given, revision, files in (("target", m.target, m.revision, TARGET_FILES),
                                          ("draft", m.draft, m.draft_revision, HEAD_FILES)):
+        if name == "draft" and keyword_kind(given) is not None:
+            out[name] = None                     # read from the target's own files (--draft mtp), fingerprinted there
+            continue
         folder = model_folder(given, revision, f"--{name}", files)
         out[name] = given if folder == Path(given) else str(folder)        # a local folder keeps its spelling
     return out

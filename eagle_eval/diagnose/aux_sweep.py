@@ -24,6 +24,14 @@ from eagle_eval.findings import Finding, error, info, undecided, warning
 class Candidate:
     label: str
     hf: tuple[int, ...]
+    changes: tuple | None = None  # a head kind's variant (heads/kind.py HeadKind.variants): settings (name, value)
+
+
+def variant_candidates(configured: tuple[int, ...], variants) -> list[Candidate]:
+    """The configured wiring, then a head kind's own variants ((name, description, settings changes)), in order."""
+    return [Candidate("configured", configured, ())] + [Candidate(f"{name} ({description})", configured,
+                                                              tuple(changes.items()))
+                                                    for name, description, changes in variants]
 
 
 def _shift(hf, d):
@@ -103,7 +111,8 @@ class SweepRow:
                 "vllm": hf, "tau": tau, "se": se, "cycles": sum(c for _, c in self.cycles),
                 "tau_pos": tau_pos, "se_pos": se_pos, "positions": sum(c for _, c in self.positions),
                 "delta_vs_configured": b.delta, "delta_se": b.se, "delta_lower": b.lower, "delta_upper": b.upper,
-                "status": self.status, "clearly_better": self.status == "better"}
+                "status": self.status, "clearly_better": self.status == "better",
+                **({"changes": dict(self.candidate.changes)} if self.candidate.changes is not None else {})}
 
 
 def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bool = False) -> list[tuple[list, list]]:
@@ -116,8 +125,9 @@ def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bo
     out = []
     n, steps = oracle.speculator.target.num_layers, oracle.resolved.num_steps
     for cand in cands:
-        swept = oracle.with_(aux_layers=cand.hf, aux_convention="boundary" if n in cand.hf else "hf")
-        with within(f"aux-layer sweep, HF {list(cand.hf)}"):
+        swept = (oracle.with_(**dict(cand.changes)) if cand.changes is not None else
+                 oracle.with_(aux_layers=cand.hf, aux_convention="boundary" if n in cand.hf else "hf"))
+        with within(cand.label if cand.changes is not None else f"aux-layer sweep, HF {list(cand.hf)}"):
             res = profile_prompts(swept, prompts, ProfileOptions(max_steps=steps), continuations, progress)
         out.append((prompt_counts([s.accepted_per_cycle for s in res.samples]), sample_positions(res.samples, steps)))
     return out
@@ -169,6 +179,32 @@ def sweep_findings(rows: list[SweepRow], seq: decide.Sequence, budget: int) -> t
     return out, configured
 
 
+def variant_findings(rows: list[SweepRow], seq: decide.Sequence, budget: int, kind: str) -> list[Finding]:
+    """One verdict finding of a head kind's variant sweep: {kind}-wiring-mismatch (error: the head was trained for
+    another wiring than the configured one), {kind}-wiring-consistent (info) or {kind}-wiring-inconclusive."""
+    base = next(r for r in rows if r.bound is None)
+    on = f"decided on {seq.prompts} prompt(s) (look {len(seq.looks)} of {len(seq.planned)})"
+    out = []
+    if max(r.tau_pos for r in rows) < 1.05:
+        out.append(warning("acceptance-near-zero", f"every wiring accepts almost nothing (best tau_pos "
+                                                   f"{max(r.tau_pos for r in rows):.3f}): look at the weights first"))
+    if seq.verdict == decide.MISMATCH:
+        win = next(r for r in rows if r.index == seq.winner)
+        b = win.bound
+        out.append(error(f"{kind}-wiring-mismatch",
+                         f"{win.candidate.label} gains {b.delta:+.3f} tau_pos [{b.lower:+.3f}, {b.upper:+.3f}] over "
+                         f"the configured wiring (cycle tau {win.tau:.3f} vs {base.tau:.3f}), {on}: the {kind} layer "
+                         "was trained for that wiring, not for the one configured (docs/mtp.md: what each engine runs)",
+                         variant=dict(win.candidate.changes), prompts=seq.prompts))
+    elif seq.verdict == decide.CONSISTENT:
+        out.append(info(f"{kind}-wiring-consistent", f"the configured wiring is consistent: no variant gains "
+                                                     f"{decide.MARGIN} tau_pos or more, {on}", prompts=seq.prompts))
+    else:
+        out.append(undecided(f"{kind}-wiring-inconclusive", _inconclusive_message(rows, seq, budget),
+                             prompts=seq.prompts))
+    return out
+
+
 def _inconclusive_message(rows: list[SweepRow], seq: decide.Sequence, budget: int) -> str:
     open_rows = sorted((r for r in rows if r.status == "open"), key=lambda r: -r.bound.delta)
     r = open_rows[0]
@@ -178,8 +214,8 @@ def _inconclusive_message(rows: list[SweepRow], seq: decide.Sequence, budget: in
             else "its gain sits on the margin: more prompts may not decide it")
     remedy = ("raise --prompt-budget" if seq.prompts >= budget else
               "the workload has no more questions: give more (--prompts, --dataset) or raise --limit")
-    return (f"could not tell on {seq.prompts} prompt(s) (--prompt-budget {budget}): HF {list(r.candidate.hf)} "
-            f"({r.candidate.label}) gains {b.delta:+.3f} tau_pos [{b.lower:+.3f}, {b.upper:+.3f}], neither clearly "
+    which = r.candidate.label if r.candidate.changes is not None else f"HF {list(r.candidate.hf)} ({r.candidate.label})"
+    return (f"could not tell on {seq.prompts} prompt(s) (--prompt-budget {budget}): {which} gains {b.delta:+.3f} tau_pos [{b.lower:+.3f}, {b.upper:+.3f}], neither clearly "
             f"better (lower bound > 0, gain >= {decide.MARGIN}) nor bounded below {decide.MARGIN}; {more} ({remedy})"
             + (f"; {len(open_rows) - 1} other candidate(s) also open" if len(open_rows) > 1 else ""))
 

@@ -155,6 +155,7 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
     from eagle_eval.diagnose.feature_prints import fingerprint
     from eagle_eval.diagnose.template_check import template_check
     from eagle_eval.heads.checks import sanity
+    from eagle_eval.heads.kind import kind
     from eagle_eval.oracle import checked_workload, load_oracle
     from eagle_eval.results.report import provenance
 
@@ -177,12 +178,17 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
         more, dump_hf = _dump_section(match, configured, head.config.num_aux, report, dcfg.sweep)
         findings += more
     rounds = Rounds(oracle, prompts, progress)
-    cands = aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf))
+    variants = kind(oracle.resolved.head.kind).variants       # a kind's own wiring faults (an MTP layer's conventions)
+    cands = (aux_sweep.variant_candidates(configured, variants(run, oracle.resolved)) if variants else
+             aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf)))
     if dcfg.sweep and len(cands) > 1:
         rows, seq = _sweep(oracle, rounds, cands, progress)
         report["sweep"] = _sweep_report(rows, seq, oracle, budget)
-        more, recommended = aux_sweep.sweep_findings(rows, seq, dcfg.prompt_budget)
-        findings += more
+        if variants:
+            findings += aux_sweep.variant_findings(rows, seq, dcfg.prompt_budget, oracle.resolved.head.kind)
+        else:
+            more, recommended = aux_sweep.sweep_findings(rows, seq, dcfg.prompt_budget)
+            findings += more
     elif dcfg.sweep:
         findings.append(info("aux-sweep-not-applicable", "no alternative layer set fits this target"))
     rounds.ensure(min(decide.FIRST_LOOK, len(prompts)))

@@ -35,6 +35,12 @@ class HeadKind:
     checks: Callable | None = None    # (loaded head, raw config, target text config) -> findings of this kind
     keyword: str | None = None    # `--draft KEYWORD` reads this kind from the TARGET's checkpoint (e.g. "mtp")
     load_from_target: Callable | None = None   # (loaded target, allow_unknown_keys) -> io.LoadedHead, for `keyword`
+    # (settings, resolved) -> [(name, description, settings changes)]: the wiring faults of this kind, tried by
+    # server-check's hypotheses and diagnose's sweep in place of the aux-layer faults (None: those)
+    variants: Callable | None = None
+    # (target config.json dict, its path, the target's text decoder built on the meta device) -> (head on the meta
+    # device, its config): `plan` of a kind read from the target's checkpoint (`keyword`)
+    meta_from_target: Callable | None = None
 
 
 def kind_of(config: dict, config_file: Path) -> tuple[HeadKind, str]:

@@ -2,9 +2,12 @@
 
 Contract: `DraftHead` is the per-token math of docs/eagle3.md section 2 split where drafting needs to reach in:
 fuse the target features, build the attention input (embedding first), project/attend through the head's
-`attention` (`DraftAttention`), finish the layer, and map logits to target ids. `Eagle3Head` (heads/llama.py,
-GQA) and `MLAHead` (heads/mla.py, DeepSeek multi-head latent attention) implement it; a new head kind is a
-new class that does, and drafting, the loop and the profile need no change.
+`attention` (`DraftAttention`), finish the layer, and map logits to target ids. `Eagle3Head`
+(heads/eagle3/layer.py, GQA), `MLAHead` (heads/mla/layer.py, DeepSeek multi-head latent attention) and `MTPDraft`
+(heads/mtp/model.py, a target's own MTP layer) implement it; a new head kind is a new class that does, and
+drafting, the loop and the profile need no change. Every caller hands `attention_input` the rows' RoPE positions
+(an MTP layer zeroes the embedding of a row at position 0) and `attend` / `o_proj` the rows' attention input `u`
+(a gated attention, Qwen3-Next's, reads its output gate from it); the EAGLE-3 heads ignore both.
 """
 
 from __future__ import annotations
@@ -19,19 +22,19 @@ class DraftAttention(Protocol):
     def project(self, u, cos, sin):
         """u [B, T, 2H] -> q [B, heads, T, d], k [B, kv, T, d_k], v [B, kv, T, d_v], RoPE applied."""
 
-    def attend(self, q, k, v, mask):
-        """q, keys, values and a bool mask [T, S] or [B, 1, T, S] (True = attend) -> o_proj(output) [B, T, H]."""
+    def attend(self, q, k, v, mask, u=None):
+        """q, keys, values and a bool mask [T, S] or [B, 1, T, S] (True = attend) -> o_proj(output, u) [B, T, H]."""
 
     def expand_kv(self, x):
         """[B, kv, T, d] -> [B, heads, T, d] (GQA; the identity where every head has its own)."""
 
-    def o_proj(self, x):
-        """[B, T, heads * d_v] -> [B, T, H]."""
+    def o_proj(self, x, u=None):
+        """[..., heads * d_v] -> [..., H]; u [..., H_u]: the same rows' attention input (`attention_input`'s u)."""
 
 
 @runtime_checkable
 class DraftHead(Protocol):
-    config: object                     # heads.config.HeadConfig
+    config: object                     # heads/eagle3/config.py HeadConfig, heads/mtp/model.py MTPConfig
     embed_tokens: object               # nn.Embedding of its own, or None
     lm_head: object                    # nn.Linear [V_d, H]: its weight's device and dtype are the head's
     d2t: object                        # [V_d] int64: target id = draft id + d2t[draft id]
@@ -47,8 +50,9 @@ class DraftHead(Protocol):
     def rope(self, positions):
         """positions [B, T] -> (cos, sin) [B, T, rotary dims]."""
 
-    def attention_input(self, embeds, hidden):
-        """(u [B, T, 2H] embedding first, residual [B, T, H])."""
+    def attention_input(self, embeds, hidden, positions=None):
+        """(u [B, T, 2H] embedding first (an MTP layer: [B, T, H]), residual [B, T, H]); positions [B, T]: the rows'
+        RoPE positions."""
 
     def finish(self, residual, attn_out):
         """The layer's output [B, T, H]: the next step's hidden input."""

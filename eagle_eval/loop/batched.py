@@ -95,11 +95,12 @@ def draft_block(spec: Speculator, cache: RowDraftCache, embeds: torch.Tensor, hi
     the block, full over the row's first base[b] slots: embeds/hidden [B', T, H] -> out [B', T, H]."""
     head = spec.head
     attn = head.attention
-    u, residual = head.attention_input(embeds, hidden)
-    t = u.shape[1]
-    q, k, v = attn.project(u, *head.rope(block_slots(base, t) + position_offset))
+    t = embeds.shape[1]
+    positions = block_slots(base, t) + position_offset
+    u, residual = head.attention_input(embeds, hidden, positions)
+    q, k, v = attn.project(u, *head.rope(positions))
     keys, values = cache.write(k, v, base, rows)
-    return head.finish(residual, attn.attend(q, keys, values, block_visible(base, t, cache.capacity, None)))
+    return head.finish(residual, attn.attend(q, keys, values, block_visible(base, t, cache.capacity, None), u))
 
 
 def propose_chains(spec: Speculator, rows: Rows, num_steps: int) -> torch.Tensor:
@@ -192,6 +193,10 @@ def tree_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps:
 def new_rows(spec: Speculator, batch: int, capacity: int) -> Rows:
     """Empty rows: no prompt, lengths 0, the decode policy's batched form."""
     target, device = spec.target, spec.draft_device
+    from eagle_eval.models.target import RECURRENT_REFUSAL, has_recurrent_layers
+
+    if has_recurrent_layers(target.text_config):
+        raise BatchError(f"the batched loop cannot run this target: {RECURRENT_REFUSAL}")
     if target.info.sliding_window is not None:
         raise BatchError(f"the batched loop needs full-attention KV layers; this target has sliding-window layers "
                          f"(window {target.info.sliding_window}): run it with --batch-size 1")

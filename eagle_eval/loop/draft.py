@@ -92,8 +92,8 @@ class DraftState:
         spec_k = spec_v = None                                                         # [1, kv, n, d]
         for level in range(1, num_steps):
             tokens = torch.tensor([[pool.tokens[i] for i in frontier]], device=hidden.device)
-            u, residual = head.attention_input(self.embed(tokens), hidden)
             positions = torch.full((1, k), p + level + self.position_offset, device=hidden.device)
+            u, residual = head.attention_input(self.embed(tokens), hidden, positions)
             q, kk, vv = attn.project(u, *head.rope(positions))
             base = 0 if spec_k is None else spec_k.shape[2]
             spec_k = kk if spec_k is None else torch.cat([spec_k, kk], dim=2)
@@ -105,7 +105,7 @@ class DraftState:
                 mask[j, [self.real_len + s for s in path]] = True
             keys = torch.cat([self.cache.keys, spec_k], dim=2)
             values = torch.cat([self.cache.values, spec_v], dim=2)
-            out = head.finish(residual, attn.attend(q, keys, values, mask))            # [1, K, H]
+            out = head.finish(residual, attn.attend(q, keys, values, mask, u))         # [1, K, H]
             child_probs = torch.softmax(head.logits(out)[0], dim=-1)                   # [K, V_d]
             child_ids = torch.stack([stable_top(row, k) for row in child_probs])      # [K, K]
             child_scores = (scores[:, None] * child_probs.gather(1, child_ids)).flatten()   # [K*K]

@@ -130,7 +130,7 @@ def resolve_aux_layers(num_layers: int, num_aux: int = 3, cli_ids=None, cli_conv
     elif config_sglang_ids is not None or config_vllm_ids is not None:
         hf, source = _from_config(config_sglang_ids, config_vllm_ids, boundary)
     else:
-        boundary = False
+        boundary = default is not None and num_layers in default[0]      # a kind's own tap before the final norm
         hf, source = default or (default_hf_layers(num_layers), "default HF[2], HF[N//2], HF[N-3]")
         if default is not None and post_norm_index(num_layers) in hf:    # a kind's own tap after the final norm
             boundary = True

@@ -193,6 +193,7 @@ class Target:
     def rollback(cache, length: int) -> None:
         """Keep the first `length` positions. crop(-n) removes n tokens in transformers 5.17..5.24
         (a positive argument meant 'crop to' in 5.17 and raises in 5.24)."""
+        _check_recurrent(cache)
         remove = cache.get_seq_length() - length
         if remove < 0:
             raise ValueError(f"cannot roll the target cache forward ({cache.get_seq_length()} -> {length})")
@@ -301,6 +302,22 @@ def _check_window(cache, what: str) -> None:
             raise TargetError(f"cannot {what} the target cache: {layer.get_seq_length()} positions fill a "
                               f"sliding-window KV layer (window {window}); the loop runs such targets only below "
                               "the window (shorter prompts or --max-new-tokens), `profile` at any length")
+
+
+LINEAR_ATTENTION = "linear_attention"          # a layer type of transformers' hybrid models (Gated DeltaNet)
+RECURRENT_REFUSAL = ("linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5) keep a recurrent state that the "
+                     "loop cannot roll back to the accepted prefix; `eagle-eval profile` measures such a target (one "
+                     "teacher-forced pass, no rollback)")
+
+
+def _check_recurrent(cache) -> None:
+    if any(type(layer).__name__.startswith("LinearAttention") for layer in cache.layers):
+        raise TargetError(f"cannot roll back the target cache: {RECURRENT_REFUSAL}")
+
+
+def has_recurrent_layers(config) -> bool:
+    """True for a text config with linear-attention (recurrent) layers, which the loop cannot roll back."""
+    return LINEAR_ATTENTION in (getattr(config, "layer_types", None) or ())
 
 
 def _check_device(device_map: str) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from eagle_eval.models.files import read_json_file
 from eagle_eval.plan.model import PlanError, head_meta, held_meta_model
 from eagle_eval.models.placement import infer_placement, quiet_accelerate
 from eagle_eval.settings import PLAN_LIMITS
@@ -159,15 +160,22 @@ def _kv_layer_bytes(model, decoder, dtype: torch.dtype) -> tuple[list[tuple[int,
     return [(per, w) for w in windows], how, 2 * heads * head_dim * size
 
 
-def _head_bytes(req: PlanRequest, dtype) -> tuple[dict | None, int, int]:
-    """(the head's record, its bytes, its KV bytes per token)."""
+def _head_bytes(req: PlanRequest, dtype, folder, decoder) -> tuple[dict | None, int, int]:
+    """(the head's record, its bytes, its KV bytes per token); a kind named by keyword (`--draft mtp`) is built from
+    the target's config.json and text decoder (`HeadKind.meta_from_target`)."""
     if not req.draft:
         return None, 0, 0
-    from eagle_eval.heads.kind import kind
+    from eagle_eval.heads.kind import keyword_kind, kind
     from eagle_eval.models.hub import HEAD_FILES, model_folder
 
-    # a head's weights are small and their header tells whether it ships its own embedding table
-    head, cfg, kind_name = head_meta(model_folder(req.draft, req.draft_revision, "--draft", HEAD_FILES), dtype)
+    by_keyword = keyword_kind(req.draft)
+    if by_keyword is not None:
+        config_file = folder / "config.json"
+        with torch.device("meta"):
+            head, cfg = by_keyword.meta_from_target(read_json_file(config_file, PlanError), config_file, decoder)
+        head, kind_name = head.to(dtype), by_keyword.name
+    else:       # a head's weights are small and their header tells whether it ships its own embedding table
+        head, cfg, kind_name = head_meta(model_folder(req.draft, req.draft_revision, "--draft", HEAD_FILES), dtype)
     size = torch.tensor([], dtype=dtype).element_size()
     weights = sum(t.numel() * t.element_size() for t in head.state_dict(keep_vars=True).values())   # as parts_of
     per = kind(kind_name).kv_bytes(cfg, size)               # the head kind's draft KV (heads/kind.py)
@@ -250,7 +258,7 @@ def make_plan(req: PlanRequest) -> Plan:
                                                                            None)
     if not context:
         raise PlanError(f"{folder / 'config.json'}: no max_position_embeddings; give --max-context N")
-    head, head_bytes, head_kv = _head_bytes(req, dtype)
+    head, head_bytes, head_kv = _head_bytes(req, dtype, folder, decoder)
     kv_layers, kv_how, working = _kv_layer_bytes(model, decoder, dtype)
     lm_head = next(n for n, m in model.named_modules() if m is decoder.output_embeddings)
     parts = parts_of(model)

@@ -39,10 +39,11 @@ class SparseChains:
         b, t, _ = token_embeds.shape
         self.shape, self.device = (b, t), token_embeds.device
         self.q_idx = torch.arange(t, device=self.device)
-        u, residual = head.attention_input(token_embeds, head.fuse(aux))
-        q, k, v = attn.project(u, *head.rope(self.q_idx[None].expand(b, t)))
+        positions = self.q_idx[None].expand(b, t)
+        u, residual = head.attention_input(token_embeds, head.fuse(aux), positions)
+        q, k, v = attn.project(u, *head.rope(positions))
         causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
-        out = head.finish(residual, attn.attend(q, k, v, causal))                  # [B, T, H]
+        out = head.finish(residual, attn.attend(q, k, v, causal, u))               # [B, T, H]
         self.first = head.to_target_ids(head.lm(out).argmax(-1))                   # [B, T]
         self.outs = [out]                      # step j's out, dense [B, T, H] (zeros where not run)
         self.keys0, self.values0 = attn.expand_kv(k), attn.expand_kv(v)            # [B, h, T, d]
@@ -60,8 +61,9 @@ class SparseChains:
         """`step`'s hidden output [N, H] (its draft is the argmax of `head.lm` of it); bi non-empty."""
         head, attn = self.head, self.head.attention
         b, t = self.shape
-        u, residual = head.attention_input(embeds[None], self.outs[j - 1][bi, qi - 1][None])     # [1, N, *]
-        qs, ks, vs = attn.project(u, *head.rope((qi + self.position_offset)[None]))
+        positions = (qi + self.position_offset)[None]                                             # [1, N]
+        u, residual = head.attention_input(embeds[None], self.outs[j - 1][bi, qi - 1][None], positions)  # [1, N, *]
+        qs, ks, vs = attn.project(u, *head.rope(positions))
         qs, ks, vs = qs[0].transpose(0, 1), attn.expand_kv(ks)[0].transpose(0, 1), attn.expand_kv(vs)[0].transpose(0, 1)
         # qs [N, h, d]; real pairs s <= q - j, through per-row packed [B, h, n, T] scores (n: the most chains
         # asked for in one row; bi ascending, as nonzero gives it)
@@ -79,7 +81,7 @@ class SparseChains:
         packed_p = torch.zeros(b, qs.shape[1], n, t, dtype=qs.dtype, device=self.device)
         packed_p[bi, :, slot] = probs[..., :t]
         ctx = torch.matmul(packed_p, self.values0)[bi, :, slot] + (probs[..., t:, None] * own_v).sum(-2)   # [N, h, dv]
-        out = head.finish(residual[0], attn.o_proj(ctx.reshape(ctx.shape[0], -1)))                  # [N, H]
+        out = head.finish(residual[0], attn.o_proj(ctx.reshape(ctx.shape[0], -1), u[0]))            # [N, H]
         while len(self.outs) <= j:                # a step's first call: its dense stores
             self.spec_k.append(torch.zeros(b, ks.shape[1], t, ks.shape[2], dtype=ks.dtype, device=self.device))
             self.spec_v.append(torch.zeros(b, vs.shape[1], t, vs.shape[2], dtype=vs.dtype, device=self.device))

@@ -57,8 +57,8 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
     for j in range(num_steps):
         if j > 0:                                # step j's hidden input is step j-1's out at q-1
             hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
-        u, residual = head.attention_input(token_embeds, hidden)
         rope_pos = positions if j == 0 else positions + position_offset
+        u, residual = head.attention_input(token_embeds, hidden, rope_pos)
         q, k, v = attn.project(u, *head.rope(rope_pos))
         keys.append(attn.expand_kv(k))
         values.append(attn.expand_kv(v))
@@ -79,7 +79,7 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
             probs = torch.softmax(torch.cat([real, spec], dim=-1).float(), dim=-1).to(q.dtype)
             ctx = torch.matmul(probs[..., :t], values[0]) + \
                 (probs[..., t:].unsqueeze(-1) * spec_v).sum(-2)
-        ctx = attn.o_proj(ctx.transpose(1, 2).reshape(b, t, -1))
+        ctx = attn.o_proj(ctx.transpose(1, 2).reshape(b, t, -1), u)
         out = head.finish(residual, ctx)
         step = head.lm(out)
         logits.append(head.to_target_ids(step.argmax(-1)) if argmax_only else step.float())
@@ -118,10 +118,11 @@ def unroll_trees(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
     attn = head.attention
     t, device, k = token_embeds.shape[1], token_embeds.device, topk
     scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
-    u, residual = head.attention_input(token_embeds, head.fuse(aux))
-    q, kk, vv = attn.project(u, *head.rope(torch.arange(t, device=device)[None]))
+    real_pos = torch.arange(t, device=device)[None]
+    u, residual = head.attention_input(token_embeds, head.fuse(aux), real_pos)
+    q, kk, vv = attn.project(u, *head.rope(real_pos))
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    out0 = head.finish(residual, attn.attend(q, kk, vv, causal))[0]                 # [T, H]
+    out0 = head.finish(residual, attn.attend(q, kk, vv, causal, u))[0]              # [T, H]
     keys0, values0 = attn.expand_kv(kk)[0], attn.expand_kv(vv)[0]                   # [h, T, d]
     p = starts.numel()
     real = torch.arange(t, device=device)[None] <= starts[:, None]                   # [P, T]
@@ -140,8 +141,8 @@ def unroll_trees(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
     anc_k = anc_v = None                                                            # [P, K, h, L, d]
     for level in range(1, num_steps):
         f_tokens = torch.cat(tokens, dim=1).gather(1, frontier)                     # [P, K]
-        u, residual = head.attention_input(embed(f_tokens), hidden)
         pos = (starts + level + position_offset)[:, None].expand(p, k)
+        u, residual = head.attention_input(embed(f_tokens), hidden, pos)
         q, kk, vv = attn.project(u, *head.rope(pos))                                # q [P, h, K, d]
         kk, vv = attn.expand_kv(kk), attn.expand_kv(vv)                             # [P, h, K, d]
         s_real = torch.einsum("phkd,htd->phkt", q, keys0) * scale
@@ -152,7 +153,7 @@ def unroll_trees(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
         ctx = torch.einsum("phkt,htd->phkd", w[..., :t], values0) + w[..., -1:] * vv
         if anc_v is not None:
             ctx = ctx + torch.einsum("phkl,pkhld->phkd", w[..., t:-1], anc_v)
-        ctx = attn.o_proj(ctx.transpose(1, 2).reshape(p, k, -1))
+        ctx = attn.o_proj(ctx.transpose(1, 2).reshape(p, k, -1), u)
         out = head.finish(residual, ctx)                                            # [P, K, H]
         c_p, c_i = top(torch.softmax(head.logits(out), dim=-1))                     # [P, K, K]
         cand = (f_scores[..., None] * c_p).reshape(p, k * k)

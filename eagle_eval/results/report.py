@@ -224,9 +224,25 @@ def _boundary(aux: dict, num_layers: int) -> str:
     return f"  = boundary ids {aux['boundary']}{note}"
 
 
+def _mtp_lines(mtp: dict) -> list[str]:
+    """An MTP layer's convention as run, and what each engine would do (heads/mtp/conventions.py)."""
+    def words(c: dict) -> str:
+        where = {"pre": "before", "post": "after"}
+        return (f"input {where[c['input']]} the final norm, position-0 mask {'on' if c['mask_position0'] else 'off'}, "
+                f"chain {where[c['chain']]} the output norm, {c['fusion_order']}, {c['layers']}")
+    c = mtp["convention"]
+    lines = [f"mtp         {mtp['family']}: {mtp['layers']} MTP layer(s) ({mtp['block']}); runs {c['engine']}'s "
+             f"convention: {words(c)}"]
+    for engine, e in mtp["engines"].items():
+        lines.append(f"  {engine:<13} " + (f"refuses: {e['refuses']}" if e["refuses"] else words(e)))
+    return lines
+
+
 def _variant_lines(head: dict) -> list[str]:
-    """The head's variant settings and its config-key audit, as report lines."""
+    """The head's variant settings and its config-key audit (an MTP layer: its conventions), as report lines."""
     v, keys = head.get("variant"), head.get("keys")
+    if head.get("mtp"):
+        return _mtp_lines(head["mtp"])
     if not v:
         return []
     flags = ", ".join(f"{k}={v[k]}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))

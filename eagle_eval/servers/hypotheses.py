@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from eagle_eval.models.capture import default_hf_layers
+from eagle_eval.registry import HEAD_KINDS
 from eagle_eval.stats.acceptance import AcceptanceCounts
 from eagle_eval.servers.figures import oracle_counts
 from eagle_eval.servers.judge import counts_equal, judge_interval, paired_interval
@@ -32,6 +33,7 @@ class Hypothesis:
     position_offset: int | None = None
     embedding: str | None = None               # "target" | "own"
     num_steps: int | None = None
+    settings: tuple = ()                       # (name, value) pairs of settings a head kind's variant changes
 
 
 def candidate_hypotheses(aux_hf, num_layers: int, position_offset: int = 0, embedding: str = "target",
@@ -91,7 +93,7 @@ def oracle_variant(oracle, h: Hypothesis):
         changes["draft_embedding"] = h.embedding
     if h.num_steps is not None:
         changes["num_steps"] = h.num_steps
-    return oracle.with_(**changes)
+    return oracle.with_(**changes, **dict(h.settings))
 
 
 def engine_reads(resolved, backend: str) -> list[tuple]:
@@ -105,7 +107,20 @@ def engine_reads(resolved, backend: str) -> list[tuple]:
 
 
 def hypotheses_for(oracle, server_num_steps: int | None = None, backend: str | None = None) -> list[Hypothesis]:
+    """The usual faults of this head's wiring: its kind's own (heads/kind.py `HeadKind.variants`, e.g. an MTP layer's
+    conventions) when it has them, else the aux-layer faults of `candidate_hypotheses`."""
+    from eagle_eval.heads.kind import kind
+
     r = oracle.resolved
+    own = kind(r.head.kind).variants if r.head.kind in HEAD_KINDS else None
+    if own is not None:
+        out = [Hypothesis("as_configured", "the oracle's own wiring")]
+        out += [Hypothesis(name, description, settings=tuple(changes.items()))
+                for name, description, changes in own(oracle.settings, r)]
+        if server_num_steps is not None and server_num_steps != r.num_steps:
+            out.append(Hypothesis("server_num_steps", f"the server's num_steps={server_num_steps}",
+                                  num_steps=server_num_steps))
+        return out
     return candidate_hypotheses(
         r.aux.hf, oracle.speculator.target.num_layers, r.position_offset, r.embedding_table,
         oracle.speculator.head.embed_tokens is not None, server_num_steps, r.num_steps,

@@ -125,8 +125,13 @@ def compare_sglang_settings(settings: dict, resolved: dict, draft_path: str) -> 
     """
     rows = []
     algo = settings.get("speculative_algorithm")
-    rows.append(setting_row("speculative_algorithm", algo, "EAGLE3", algo is not None and str(algo).upper() == "EAGLE3",
-                     "speculative decoding is off" if algo is None else None))
+    # an MTP layer runs as NEXTN, SGLang's alias of EAGLE (arg_groups/speculative_hook.py), from the target's folder
+    mtp = resolved.head.kind == "mtp"
+    expected = ("NEXTN", "EAGLE") if mtp else ("EAGLE3",)
+    rows.append(setting_row("speculative_algorithm", algo, " or ".join(expected),
+                            algo is not None and str(algo).upper() in expected,
+                            "speculative decoding is off" if algo is None else None))
+    draft_path = resolved.target.path if mtp else draft_path
     for key, ours in (("speculative_num_steps", "num_steps"), ("speculative_eagle_topk", "topk")):
         value = settings.get(key)
         rows.append(setting_row(key, value, getattr(resolved, ours), None if value is None else value == getattr(resolved, ours),

@@ -78,6 +78,14 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class OutputProjection(nn.Linear):
+    """o_proj [.., heads * d] -> [.., H]. `u`, the rows' attention input, is ignored: only an output-gated
+    attention reads its gate from it (heads/protocol.py `DraftAttention.o_proj`)."""
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(x)
+
+
 class _Attention(nn.Module):
     def __init__(self, cfg: HeadConfig):
         super().__init__()
@@ -87,7 +95,7 @@ class _Attention(nn.Module):
         self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=bias)
         self.k_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
         self.v_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.o_proj = OutputProjection(self.num_heads * d, h, bias=bias)
         self.rotate = rotate_pairs if cfg.rope_interleaved else rotate_half
         self.scale = 1.0 / math.sqrt(d)              # softmax scale (the profile in loop/draft.py reads it)
 
@@ -106,7 +114,7 @@ class _Attention(nn.Module):
         """[B, kv_heads, T, d] -> [B, heads, T, d] (GQA)."""
         return x.repeat_interleave(self.num_heads // self.num_kv, dim=1)
 
-    def attend(self, q, k, v, mask: torch.Tensor) -> torch.Tensor:
+    def attend(self, q, k, v, mask: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
         """q [B, h, T, d], k/v [B, kv, S, d], mask bool [T, S] or [B, 1, T, S] (True = attend)."""
         out = F.scaled_dot_product_attention(q, self.expand_kv(k), self.expand_kv(v), attn_mask=mask, scale=self.scale)
         b, _, t, _ = out.shape
@@ -202,8 +210,9 @@ class Eagle3Head(nn.Module):
         dtype = self.lm_head.weight.dtype
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
-    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor):
-        """embeds, hidden [B, T, H] -> (u [B, T, 2H] embedding first, residual [B, T, H])."""
+    def attention_input(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor | None = None):
+        """embeds, hidden [B, T, H] -> (u [B, T, 2H] embedding first, residual [B, T, H]); the rows' positions are
+        not read (an MTP layer masks position 0: heads/protocol.py)."""
         layer = self.midlayer
         h_normed = layer.hidden_norm(hidden)
         residual = h_normed if self.config.norm_before_residual else hidden
@@ -220,13 +229,13 @@ class Eagle3Head(nn.Module):
              cache: DraftCache) -> torch.Tensor:
         """Append T pairs to `cache` (causal among themselves, full over the cache) -> out [B, T, H]."""
         attn = self.midlayer.self_attn
-        u, residual = self.attention_input(embeds, hidden)
+        u, residual = self.attention_input(embeds, hidden, positions)
         q, k, v = attn.project(u, *self.rope(positions))
         past = len(cache)
         keys, values = cache.append(k, v)
         t = q.shape[2]
         mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
-        return self.finish(residual, attn.attend(q, keys, values, mask))
+        return self.finish(residual, attn.attend(q, keys, values, mask, u))
 
     def lm(self, out: torch.Tensor) -> torch.Tensor:
         """out of `finish` [B, T, H] -> draft-vocab logits [B, T, V_d] in the head's dtype: lm_head(norm(.)),

@@ -40,7 +40,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from eagle_eval.heads.eagle3.config import HeadConfig
-from eagle_eval.heads.eagle3.layer import Eagle3Head, RMSNorm, rotate_pairs
+from eagle_eval.heads.eagle3.layer import Eagle3Head, OutputProjection, RMSNorm, rotate_pairs
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -97,7 +97,7 @@ class MLAAttention(nn.Module):
         self.kv_a_proj_with_mqa = nn.Linear(h2, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
         self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, cfg.rms_norm_eps)
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, self.num_heads * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(self.num_heads * m.v_head_dim, cfg.hidden_size, bias=False)
+        self.o_proj = OutputProjection(self.num_heads * m.v_head_dim, cfg.hidden_size, bias=False)
         self.scale = softmax_scale(cfg)
 
     def _query(self, u: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ class MLAAttention(nn.Module):
         """Keys and values are per head already."""
         return x
 
-    def attend(self, q, k, v, mask: torch.Tensor) -> torch.Tensor:
+    def attend(self, q, k, v, mask: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
         """q/k [B, h, T|S, nope + rope], v [B, h, S, v], mask bool (True = attend) -> [B, T, H]."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         b, _, t, _ = out.shape
