@@ -74,6 +74,7 @@ HEAD_KINDS = Registry("head kind", {
     "llama": "eagle_eval.heads.eagle3.kind:KIND",        # EAGLE-3, a Llama-style (GQA) draft layer
     "mla": "eagle_eval.heads.mla.kind:KIND",             # EAGLE-3 with DeepSeek multi-head latent attention
     "mtp": "eagle_eval.heads.mtp.kind:KIND",             # the target's own MTP layers (--draft mtp)
+    "dflash": "eagle_eval.heads.dflash.kind:KIND",       # block drafters: DFlash / DFlash2
 })
 
 # the serving engines server-check talks to, one module each (eagle_eval/servers/)

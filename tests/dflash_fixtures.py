@@ -127,3 +127,18 @@ def block_speculator(target_path: Path, draft_path: Path, policy=None):
     head, _ = bind(load_dflash(draft_path), target)
     return Speculator(target=target, head=head, embed=head.embed, aux_hf=head.config.aux_hf,
                       policy=policy or GREEDY, draft_state=BlockDraftState)
+
+
+def dflash_pair(root: Path, kinds=("dflash",), steps: dict | None = None) -> dict:
+    """A target folder, a prompts file and, per kind asked for, a drafter trained a few seconds and saved in the
+    z-lab layout: {"target", "prompts" (the file), "prompt_ids", kind: folder}."""
+    from eagle_eval.heads.dflash.io import save_dflash
+
+    training = {"dflash": dict(steps=20, lr=6e-3), "dflash2": dict(steps=10, lr=1e-2), **(steps or {})}
+    target = make_qwen3_target(root / "target")
+    prompts = write_prompts(root / "prompts.jsonl")
+    out = {"target": target, "prompts": prompts, "prompt_ids": read_prompts(prompts)}
+    for kind in kinds:
+        drafter = train_drafter(random_drafter(dflash_config(kind)), target, out["prompt_ids"], **training[kind])
+        out[kind] = save_dflash(drafter, root / kind)
+    return out

@@ -22,8 +22,10 @@ BIGGEST_ROOM = 0.15                       # no room holds more than this share o
 # (heads/wired: the record a kind hands the oracle; heads/eagle3/wire: the EAGLE-3 kinds' wiring, out of oracle.py);
 # + 3 since issue 40's context buckets (every report holds acceptance by context: results/context, stats/context and
 # the prompt-clustered intervals of stats/clustered); + 1 since issue 39 (heads/mtp/kind: the MTP kind's record,
-# asked like every kind's whether it claims a checkpoint; the rest of heads/mtp loads only with --draft mtp)
-GREEDY_PATH_ROOMS = 53
+# asked like every kind's whether it claims a checkpoint; the rest of heads/mtp loads only with --draft mtp); + 2 for
+# the block drafters' record (heads/dflash/kind and the torch-free dflash/config it detects with: the loader asks
+# every kind)
+GREEDY_PATH_ROOMS = 56
 
 
 def _unit(module: str) -> str:

@@ -19,7 +19,8 @@ from eagle_eval.settings import ConfigError, bundled_missing
 
 # the files each reader takes from a snapshot (allow_patterns of snapshot_download)
 TARGET_FILES = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py")
-HEAD_FILES = ("*.json", "*.safetensors", "*.bin")           # SpecForge/speculators safetensors, EAGLE's .bin
+# a head: SpecForge/speculators safetensors, EAGLE's .bin, and a DFlash mask row (so that it is refused, not missed)
+HEAD_FILES = ("*.json", "*.safetensors", "*.bin", "mask_embedding.pt")
 CONFIG_FILES = ("*.json", "*.py")                           # plan: config.json, the safetensors index, code
 
 

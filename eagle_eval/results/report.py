@@ -245,13 +245,27 @@ def _variant_lines(head: dict) -> list[str]:
         return _mtp_lines(head["mtp"])
     if not v:
         return []
-    flags = ", ".join(f"{k}={v[k]}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
-    scaling = (v["rope_scaling"] or {}).get("rope_type", (v["rope_scaling"] or {}).get("type", "none"))
-    lines = [f"head        {flags}; rope {v['rope']} theta {v['rope_theta']:g} scaling {scaling}"]
+    if "block" in head:
+        lines = _block_lines(head["block"])
+    else:
+        flags = ", ".join(f"{k}={v[k]}" for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
+        scaling = (v["rope_scaling"] or {}).get("rope_type", (v["rope_scaling"] or {}).get("type", "none"))
+        lines = [f"head        {flags}; rope {v['rope']} theta {v['rope_theta']:g} scaling {scaling}"]
     if keys:
         lines.append(f"head keys   {len(keys['consumed'])} consumed, {len(keys['harmless'])} ignored as harmless, "
                      f"{len(keys['engine_math'])} engine-math (allowed), unknown {keys['unknown'] or 'none'}")
     return lines
+
+
+def _block_lines(block: dict) -> list[str]:
+    """A block drafter's trained block, what the engines must be told to serve it, and the block this run drafts."""
+    served = block["served"]
+    return [f"block       {block['variant']}: trained block_size {block['block_size']} (vLLM num_speculative_tokens "
+            f"{block['vllm_num_speculative_tokens']}, SGLang --speculative-num-draft-tokens "
+            f"{block['sglang_num_draft_tokens']}); mask token {block['mask_token_id']}; target_layer_ids "
+            f"{block['target_layer_ids']['zlab_target_layer_ids']}",
+            f"            this run drafts blocks of {served['rows']} rows (num_steps {served['num_steps']})"
+            + ("" if served["matches_trained_block"] else ": NOT the trained block")]
 
 
 def _text_decoder(target: dict) -> str:

@@ -49,6 +49,22 @@ class LoadedDFlash:
     key_audit: KeyAudit
     key_notes: tuple[str, ...] = ()
 
+    # what the oracle reads of any loaded head (heads/io.py LoadedHead's names): the module it moves to the target's
+    # device and dtype, the head kind's registry name, the layout, the weights
+    kind = "dflash"
+
+    @property
+    def head(self) -> DFlashDrafter:
+        return self.drafter
+
+    @property
+    def dialect(self) -> str:
+        return self.config.layout
+
+    @property
+    def weights_file(self) -> str:
+        return ", ".join(self.weights_files)
+
 
 def _read_config(path: Path) -> tuple[Path, dict]:
     config_file = path / "config.json"
