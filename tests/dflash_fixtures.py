@@ -23,12 +23,12 @@ PROMPT_LEN, NUM_PROMPTS, NEW_TOKENS = 8, 6, 28
 DFLASH2_SETTINGS = dict(conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=5)
 
 
-def make_qwen3_target(path: Path, seed: int = 0) -> Path:
+def make_qwen3_target(path: Path, seed: int = 0, max_positions: int = 512) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model("qwen3", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                                num_hidden_layers=TARGET_LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                               head_dim=32, max_position_embeddings=512, initializer_range=0.3,
+                               head_dim=32, max_position_embeddings=max_positions, initializer_range=0.3,
                                tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(seed)
     return save_with_tokenizer(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), path)
@@ -90,6 +90,12 @@ def train_drafter(drafter, target_path: Path, prompts: list[list[int]], steps: i
             block_ids[:, 0] = seq[0, starts]
             labels = seq[0, starts[:, None] + torch.arange(1, block)[None]]                      # [P, B-1]
             data.append((aux, starts, block_ids, labels))
+    return fit(drafter, model, data, steps, lr)
+
+
+def fit(drafter, model, data, steps: int, lr: float):
+    """Adam on the cross-entropy of the block's drafts (DFlash2: with the selector's pair term, teacher-forced) over
+    data = [(aux [1, T, k*H], starts [P], block ids [P, B], labels [P, B-1])], the target's embedding and lm_head."""
     lm_head, embed = model.lm_head, model.get_input_embeddings()
     drafter.train()
     opt = torch.optim.Adam(drafter.parameters(), lr=lr)
@@ -111,6 +117,27 @@ def train_drafter(drafter, target_path: Path, prompts: list[list[int]], steps: i
     return drafter.eval()
 
 
+def train_on_successors(drafter, model, successor: torch.Tensor, steps: int, lr: float = 1e-2, seed: int = 0):
+    """Fit the drafter to a bigram target (its next token a function of the last one: `successor` [V]): every
+    token a of the vocabulary as an anchor, labels successor^j(a) for j = 1..B-1 (what the target's greedy decoding
+    emits after a), over the context of one random sequence. The model on the CPU."""
+    cfg = drafter.config
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(3, VOCAB, (1, 8), generator=g)
+    with torch.no_grad():
+        states = model(seq, output_hidden_states=True).hidden_states
+        aux = torch.cat([states[i + 1] for i in cfg.target_layer_ids], dim=-1)
+    anchors = torch.arange(VOCAB)
+    labels, x = [], anchors
+    for _ in range(cfg.block_size - 1):
+        x = successor[x]
+        labels.append(x)
+    block_ids = torch.full((VOCAB, cfg.block_size), cfg.mask_token_id)
+    block_ids[:, 0] = anchors
+    starts = torch.randint(1, 8, (VOCAB,), generator=g)
+    return fit(drafter, model, [(aux, starts, block_ids, torch.stack(labels, dim=1))], steps, lr)
+
+
 def block_speculator(target_path: Path, draft_path: Path, policy=None):
     """The reference loop's Speculator over a loaded target and a DFlash draft folder: the head bound to the
     target (its embedding and lm_head), the taps l + 1, and BlockDraftState as the draft's side."""
@@ -129,13 +156,13 @@ def block_speculator(target_path: Path, draft_path: Path, policy=None):
                       policy=policy or GREEDY, draft_state=BlockDraftState)
 
 
-def dflash_pair(root: Path, kinds=("dflash",), steps: dict | None = None) -> dict:
+def dflash_pair(root: Path, kinds=("dflash",), steps: dict | None = None, max_positions: int = 512) -> dict:
     """A target folder, a prompts file and, per kind asked for, a drafter trained a few seconds and saved in the
     z-lab layout: {"target", "prompts" (the file), "prompt_ids", kind: folder}."""
     from eagle_eval.heads.dflash.io import save_dflash
 
     training = {"dflash": dict(steps=20, lr=6e-3), "dflash2": dict(steps=10, lr=1e-2), **(steps or {})}
-    target = make_qwen3_target(root / "target")
+    target = make_qwen3_target(root / "target", max_positions=max_positions)
     prompts = write_prompts(root / "prompts.jsonl")
     out = {"target": target, "prompts": prompts, "prompt_ids": read_prompts(prompts)}
     for kind in kinds:

@@ -152,3 +152,18 @@ def test_the_trained_drafter_is_not_trivial(pair):
     accepted = [n for r in ref for n in r.accepted_per_cycle]
     assert 0 < sum(accepted) < 3 * len(accepted) and len(set(accepted)) >= 3
     assert torch.tensor(accepted).float().mean() > 0.5
+
+
+def test_run_batched_equals_run_one_prompt_at_a_time_and_says_why_no_graph(pair):
+    """`run --batch-size 4` drafts through the kind's batched form (heads/dflash/batched.py) and gives the records
+    of --batch-size 1; CUDA graphs, asked for by default, are refused for a block drafter with the reason in
+    config.loop (on a machine without CUDA the first reason is that)."""
+    from eagle_eval.loop.graphed import capture_blockers
+
+    one = api.evaluate(_settings(pair), progress=False)
+    many = api.evaluate(_settings(pair), api.LoopOptions(batch_size=4), progress=False)
+    assert [s.to_json() for s in many.samples] == [s.to_json() for s in one.samples]
+    loop = many.report["config"]["loop"]
+    assert loop["loop"] == "batched" and loop["cuda_graphs"] is False and loop["cuda_graphs_reason"]
+    oracle = api.load_oracle(_settings(pair))
+    assert "block drafter" in capture_blockers(oracle.speculator, cuda=True)

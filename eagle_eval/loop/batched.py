@@ -23,6 +23,12 @@ rest land past the row's length and are overwritten). Trees (`tree_cycle`) draft
 exactly as the reference does (`DraftState.propose_tree` over the row's cache), then verify all rows'
 D nodes in one forward with per-row ancestor masks, accept with the row's policy, and move each
 row's accepted path into place (`RowCache.keep`).
+
+A kind whose drafting state class offers its own batched form (`draft_state.rows`: a block drafter's
+heads/dflash/batched.py BlockRows, one draft forward per cycle over per-row context caches) drafts through it
+instead of the head's steps: `Rows.drafts` holds it (it is also the draft cache whose lengths the loop keeps); the
+prefill and the verify write the verified positions' context (`drafts.write`), a cycle's drafts are
+`drafts.propose`; the verify, the acceptance and the rollback are the same. Such a kind verifies chains only.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Rows:
     active: torch.Tensor                   # [B] bool: the row holds a prompt that is not finished
     policy: RowPolicies                    # every decision of every row (loop/policy.py)
     host_len: list[int] = field(default_factory=list)   # lengths as the host knows them (both caches)
+    drafts: object | None = None           # a kind's own batched drafting (module contract), else None
 
     def state(self) -> list[torch.Tensor]:
         """The tensors a cycle changes besides cache slots past the lengths."""
@@ -122,7 +129,8 @@ def chain_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps
     """One chain cycle of every row, device work only -> (accepted [B], new tokens [B, S+1]: row b's
     first accepted[b] + 1 are its accepted drafts and the bonus). Advances the active rows' state."""
     target, head, device = spec.target, spec.head, spec.draft_device
-    drafts = propose_chains(spec, rows, num_steps)                                  # [B, S]
+    drafts = (propose_chains(spec, rows, num_steps) if rows.drafts is None                          # [B, S]
+              else rows.drafts.propose(rows.root, num_steps, rows.policy, rows.active))
     ids = torch.cat([rows.root[:, None], drafts], dim=1)                            # [B, S+1]
     positions, mask = rows.target_cache.begin(num_steps + 1, target.model.dtype)
     logits = target.forward(ids, rows.target_cache, position_ids=positions, attention_mask=mask, upcast=False)
@@ -132,10 +140,14 @@ def chain_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps
     new = torch.cat([drafts, bonus], dim=1).scatter(1, accepted[:, None], bonus)    # [B, S+1]
     advance = (accepted + 1) * rows.active
     rows.target_cache.lengths += advance.to(rows.target_cache.lengths.device)
-    out = draft_block(spec, rows.draft_cache, spec.embed(new), head.fuse(aux), rows.draft_cache.lengths)
-    rows.draft_cache.lengths += advance
-    picked = out.gather(1, accepted[:, None, None].expand(-1, 1, out.shape[-1]))   # [B, 1, H]
-    rows.last_out.copy_(torch.where(rows.active[:, None, None], picked, rows.last_out))
+    if rows.drafts is not None:            # the verified positions' context; what is not accepted lies past the length
+        rows.drafts.write(aux, rows.draft_cache.lengths, slice(None))
+        rows.draft_cache.lengths += advance
+    else:
+        out = draft_block(spec, rows.draft_cache, spec.embed(new), head.fuse(aux), rows.draft_cache.lengths)
+        rows.draft_cache.lengths += advance
+        picked = out.gather(1, accepted[:, None, None].expand(-1, 1, out.shape[-1]))   # [B, 1, H]
+        rows.last_out.copy_(torch.where(rows.active[:, None, None], picked, rows.last_out))
     rows.root.copy_(torch.where(rows.active, bonus[:, 0], rows.root))
     return accepted, new
 
@@ -201,8 +213,10 @@ def new_rows(spec: Speculator, batch: int, capacity: int) -> Rows:
         raise BatchError(f"the batched loop needs full-attention KV layers; this target has sliding-window layers "
                          f"(window {target.info.sliding_window}): run it with --batch-size 1")
     hidden = spec.head.config.hidden_size
+    own = getattr(spec.draft_state, "rows", None)          # a kind's own batched drafting (module contract)
+    drafts = own(spec.head, spec.embed, batch, capacity, device) if own is not None else None
     return Rows(target_cache=RowCache(batch, capacity, target.input_device),
-                draft_cache=RowDraftCache(batch, capacity, device),
+                draft_cache=drafts if drafts is not None else RowDraftCache(batch, capacity, device), drafts=drafts,
                 root=torch.zeros(batch, dtype=torch.long, device=device),
                 last_out=torch.zeros(batch, 1, hidden, dtype=spec.head.lm_head.weight.dtype, device=device),
                 active=torch.zeros(batch, dtype=torch.bool, device=device), policy=spec.policy.rows(batch),
@@ -245,14 +259,18 @@ def admit(spec: Speculator, rows: Rows, capture: FeatureCapture, group: list[int
         return list(zip(outs, alive))
     nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1).scatter(1, last[:, None], first[:, None])
     zero = torch.zeros(len(group), dtype=torch.long, device=device)
-    out = draft_block(spec, rows.draft_cache, spec.embed(nxt), head.fuse(aux), zero, rows=sel)
-    picked = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))       # [G, 1, H]
+    if rows.drafts is not None:                             # the prompt's context (its padding past the length)
+        rows.drafts.write(aux, zero, sel)
+    else:
+        out = draft_block(spec, rows.draft_cache, spec.embed(nxt), head.fuse(aux), zero, rows=sel)
+        picked = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))   # [G, 1, H]
     for i, b in enumerate(group):
         if alive[i]:
             rows.target_cache.lengths[b] = lens[i]
             rows.draft_cache.lengths[b] = lens[i]
             rows.host_len[b] = lens[i]
-            rows.last_out[b] = picked[i]
+            if rows.drafts is None:
+                rows.last_out[b] = picked[i]
             rows.root[b] = first[i]
             rows.active[b] = True
     return list(zip(outs, alive))
@@ -301,6 +319,8 @@ def batched_decode(spec: Speculator, prompts: list[list[int]], num_steps: int, m
         return run
     batch = max(1, min(batch_size, len(prompts)))
     rows = new_rows(spec, batch, capacity_for(prompts, max_new_tokens, num_steps, d))
+    if use_tree and rows.drafts is not None:
+        rows.drafts.propose_tree(num_steps, topk)                 # a kind that drafts chains only: refused there
     width = d if use_tree else num_steps + 1          # slots a cycle writes per row at its length
     draft_vocab = spec.head.to_target_ids(torch.arange(spec.head.config.draft_vocab_size, device=spec.draft_device))
     held: list[int | None] = [None] * batch           # the prompt each row holds

@@ -38,6 +38,9 @@ ROUTING = {"eager": "loops over the experts a batch hits, found with .nonzero() 
 def capture_blockers(spec, cuda: bool | None = None) -> str | None:
     """Why the loop of `spec` cannot be captured (one line), or None. cuda: whether a CUDA device is
     there (default: ask torch)."""
+    own = getattr(spec.draft_state, "capture_blocker", None)     # a kind's own batched drafting (loop/batched.py)
+    if own is not None:
+        return own
     model = spec.target.model
     experts = (getattr(spec.target.info, "experts", None) or {}).get("implementation", "unknown")
     for name, module in model.named_modules():

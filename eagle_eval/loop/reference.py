@@ -49,7 +49,8 @@ class Speculator:
     policy: DecodePolicy = GREEDY  # how tokens are proposed and accepted
     # the draft's side of one decode, built as draft_state(head, embed, position_offset, started policy): an
     # EAGLE-3 head's DraftState, or a block drafter's (heads/dflash/state.py BlockDraftState); both offer
-    # real_len, extend(aux, next_ids), propose_chain(num_steps) and propose_tree(num_steps, topk)
+    # real_len, extend(aux, next_ids), propose_chain(num_steps) and propose_tree(num_steps, topk). A class may also
+    # offer its batched form (`rows`, loop/batched.py) and why that cycle is not captured (`capture_blocker`)
     draft_state: Callable[..., DraftState] = DraftState
 
     @property

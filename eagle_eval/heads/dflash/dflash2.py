@@ -73,8 +73,14 @@ class CandidateSelector(nn.Module):
     def scores(self, logits: torch.Tensor, hidden: torch.Tensor, previous: int) -> torch.Tensor:
         """logits [V] float32 (slot j's, after output_multiplier and softcapping), hidden [H] (its final-norm row),
         previous: the chosen token of slot j-1 (the anchor for j = 1) -> scores [V] float32, -inf off the top-k."""
-        unary, candidates = logits.topk(self.top_k)                                   # [k], [k]
-        gate = self.predecessor_codebook[previous] * self.hidden_projection(hidden)   # [rank]
-        pair = self.successor_codebook[candidates] @ gate                             # [k]
+        prev = torch.tensor([previous], device=logits.device)
+        return self.scores_rows(logits[None], hidden[None], prev)[0]
+
+    def scores_rows(self, logits: torch.Tensor, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """`scores` of B rows at once (the batched loop's; the reference loop's through it): logits [B, V], hidden
+        [B, H], previous [B] -> [B, V]."""
+        unary, candidates = logits.topk(self.top_k, dim=-1)                           # [B, k], [B, k]
+        gate = self.predecessor_codebook[previous] * self.hidden_projection(hidden)   # [B, rank]
+        pair = torch.einsum("br,bkr->bk", gate, self.successor_codebook[candidates])  # [B, k]
         full = torch.full_like(logits, float("-inf"))
-        return full.index_copy(0, candidates, unary + pair.float())
+        return full.scatter(1, candidates, unary + pair.float())

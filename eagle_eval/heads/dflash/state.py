@@ -17,6 +17,10 @@ runs a DFlash drafter unchanged (`Speculator(..., draft_state=BlockDraftState)`)
   after each draft, `_crop_to`; vLLM overwrites the block's slots), and `propose_chain` checks the context length
   is unchanged.
 - `propose_tree` is refused: block drafters verify chains (vLLM and SGLang run DFlash with topk 1).
+
+The batched loop (loop/batched.py) asks the drafting state's class for its batched form: `rows(head, embed, batch,
+capacity, device)` gives dflash/batched.py `BlockRows` (the same computation for B rows over per-row context
+caches), and `capture_blocker` says why that cycle is not replayed as a CUDA graph (loop/graphed.py).
 """
 
 from __future__ import annotations
@@ -27,8 +31,26 @@ from eagle_eval.heads.dflash.bind import DFlashHead
 from eagle_eval.heads.dflash.model import ContextKV
 
 
+def refuse_trees(topk: int):
+    from eagle_eval.settings import ConfigError
+
+    raise ConfigError(f"--topk {topk}: a block drafter (DFlash) proposes one chain per forward and the engines "
+                      "verify it as a chain (vLLM dflash and SGLang DFLASH force topk 1); use --topk 1")
+
+
 class BlockDraftState:
     """Invariant between cycles: `real_len` context rows (positions 0..real_len-1) and the anchor at real_len."""
+
+    # the batched loop's form (module contract); its cycle has fixed shapes but has not been captured and replayed
+    # on a GPU here, so it runs eager
+    capture_blocker = ("a block drafter's cycle (DFlash) is not captured as a CUDA graph (capture not measured on a "
+                       "GPU yet): the loop runs eager")
+
+    @staticmethod
+    def rows(head: DFlashHead, embed, batch: int, capacity: int, device):
+        from eagle_eval.heads.dflash.batched import BlockRows
+
+        return BlockRows(head, embed, batch, capacity, device)
 
     def __init__(self, head: DFlashHead, embed, position_offset: int = 0, policy=None):
         """head: dflash/bind.py DFlashHead; embed: token ids [B, T] -> [B, T, H] (the head's own `embed`: raw rows
@@ -83,7 +105,4 @@ class BlockDraftState:
         return torch.cat(drafts)
 
     def propose_tree(self, num_steps: int, topk: int):
-        from eagle_eval.settings import ConfigError
-
-        raise ConfigError(f"--topk {topk}: a block drafter (DFlash) proposes one chain per forward and the engines "
-                          "verify it as a chain (vLLM dflash and SGLang DFLASH force topk 1); use --topk 1")
+        refuse_trees(topk)
