@@ -124,7 +124,7 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
 
     def simulate(p, s, d=None):
         if p.tree_runs is None:
-            return prof.simulate_cycles(p.run_lengths, p.continuation, s, max_new, oracle.eos_ids)
+            return prof.simulate_cycles(p.runs(s), p.continuation, s, max_new, oracle.eos_ids)
         runs, off = p.tree_runs[(s, d or d_main[s])]
         return prof.simulate_cycles(runs, p.continuation, s, max_new, oracle.eos_ids, off)
 
@@ -145,13 +145,13 @@ def profile_prompts(oracle: Oracle, prompts: list[Prompt], options: ProfileOptio
         recs = [record_of(p, simulate(p, s, d)) for p in profiled]
         by_draft_tokens.setdefault(str(d), {})[str(s)] = summarize(recs, s)
     for i, (rec, p) in enumerate(zip(samples, profiled)):
-        rec.extra["run_lengths"] = p.run_lengths if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
+        rec.extra["run_lengths"] = p.runs(s_run) if p.tree_runs is None else p.tree_runs[(s_run, d_main[s_run])][0]
         rec.extra["accepted_per_cycle_by_num_steps"] = {str(s): sims[s][i].accepted_per_cycle for s in sims}
         rec.extra["response_divergence"] = p.divergence
     per_start = []
     for p in profiled:                   # temperature 0: P(A >= i) of a start is 1 up to its run length, then 0
         for s, d in (tree[1] or [(s, None) for s in range(1, k_max + 1)]):
-            runs = p.run_lengths if p.tree_runs is None else p.tree_runs[(s, d)][0]
+            runs = p.runs(s) if p.tree_runs is None else p.tree_runs[(s, d)][0]
             n = cycle_starts(p.continuation, max_new, oracle.eos_ids)
             per_start += per_start_rows(p.prompt.id, 0, [[float(i < x) for i in range(s)] for x in runs[:n]], s, d,
                                         prompt_len=len(p.prompt.input_ids))

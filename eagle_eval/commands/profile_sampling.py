@@ -222,6 +222,11 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
 
     settings, r, k_max = oracle.settings, oracle.resolved, options.max_steps
     dec, tok = settings.decoding, oracle.tokenizer
+    if getattr(oracle.speculator.draft_state, "run_lengths", None) is not None:     # drafts that depend on num_steps
+        raise ConfigError(f"profile at --temperature {dec.temperature:g} with a {r.head.kind} draft: the expectation "
+                          "per start is not implemented for drafts that depend on num_steps (block drafters); "
+                          "`eagle-eval run` runs the loop at this temperature (every rule), and profile runs at "
+                          "--temperature 0")
     if continuations is not None and rule(dec.accept_rule).sampled_drafts and not options.rollouts:
         raise ConfigError(f"--responses with --accept-rule {dec.accept_rule}: the default estimate (--rollouts 0) "
                           "weights each start by the continuation after it, which must be sampled from the target "

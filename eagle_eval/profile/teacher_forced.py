@@ -10,6 +10,10 @@ walking the cycles over r_p reproduces the reference loop exactly, for every S <
 
 The continuation is extended by max_steps tokens past max_new_tokens and past EOS: the loop's last
 verify forward checks drafts beyond the cut, and their acceptance counts.
+
+A kind whose drafts depend on num_steps (a block drafter: its block of num_steps + 1 rows is non-causal) offers its
+own all-starts form on its drafting state class (`draft_state.run_lengths`, heads/dflash/all_starts.py): the run
+lengths are then computed once per num_steps S <= max_steps (`Profiled.runs_by_steps`), each walked for S.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ class Profiled:
     divergence: dict | None = None   # where given responses departed from the target's argmax
     tree_runs: dict | None = None    # trees: {(S, D): (run lengths, off-top-1 flags)} for the given K
     expected: object = None          # temperature > 0: profile_sampled.Expected (P(A >= i) of every start)
+    runs_by_steps: dict | None = None  # {S: run lengths}: a kind whose drafts depend on S (block drafters)
+
+    def runs(self, num_steps: int) -> list[int]:
+        """The run lengths a chain of num_steps drafts walks (`run_lengths` unless they depend on num_steps)."""
+        return self.run_lengths if self.runs_by_steps is None else self.runs_by_steps[num_steps]
 
 
 def simulate_cycles(run_lengths: list[int], continuation: list[int], num_steps: int, max_new_tokens: int,
@@ -180,15 +189,22 @@ def profile_batch(spec: Speculator, items: list[tuple[Prompt, list[int]]], max_s
     ids = ids.to(device)
     argmax = logits.argmax(-1).to(device)
     lengths = torch.tensor([len(s) for s in seqs], device=device)
-    runs = chain_run_lengths(head, aux[:, :-1], spec.embed(ids[:, 1:]), ids, lengths, max_steps,
-                             spec.position_offset)                                   # [B, W-1]
+    by_steps = getattr(spec.draft_state, "run_lengths", None)          # drafts that depend on S (module contract)
+    if by_steps is None:
+        runs = chain_run_lengths(head, aux[:, :-1], spec.embed(ids[:, 1:]), ids, lengths, max_steps,
+                                 spec.position_offset)                               # [B, W-1]
     results = []
     for row, (prompt, cont) in enumerate(items):
-        t = len(prompt.input_ids)
-        r = runs[row, : len(seqs[row]) - 1]
+        t, n = len(prompt.input_ids), len(seqs[row])
+        per_s = None
+        if by_steps is not None:     # the roots x_T.. are the anchors at positions T..T+max_new-1
+            anchors = torch.arange(t, t + max_new_tokens, device=device)
+            per_s = {s: by_steps(head, spec.embed, aux[row: row + 1, :n], ids[row, :n], anchors, s).tolist()
+                     for s in range(1, max_steps + 1)}
         # r_p for the roots x_T.. : start pair p = T - 1 + k
-        res = Profiled(prompt=prompt, continuation=cont, run_lengths=r[t - 1: t - 1 + max_new_tokens].tolist(),
-                       divergence=_check_greedy(argmax[row], ids[row], logits[row], t, len(seqs[row])))
+        r = per_s[max_steps] if per_s is not None else runs[row, : n - 1][t - 1: t - 1 + max_new_tokens].tolist()
+        res = Profiled(prompt=prompt, continuation=cont, run_lengths=r, runs_by_steps=per_s,
+                       divergence=_check_greedy(argmax[row], ids[row], logits[row], t, n))
         if topk > 1:
             res.tree_runs = _tree_runs(spec, aux[row: row + 1, : len(seqs[row]) - 1], ids[row, : len(seqs[row])],
                                        t, max_steps, max_new_tokens, topk, tree_shapes)

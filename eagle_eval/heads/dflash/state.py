@@ -20,7 +20,9 @@ runs a DFlash drafter unchanged (`Speculator(..., draft_state=BlockDraftState)`)
 
 The batched loop (loop/batched.py) asks the drafting state's class for its batched form: `rows(head, embed, batch,
 capacity, device)` gives dflash/batched.py `BlockRows` (the same computation for B rows over per-row context
-caches), and `capture_blocker` says why that cycle is not replayed as a CUDA graph (loop/graphed.py).
+caches), and `capture_blocker` says why that cycle is not replayed as a CUDA graph (loop/graphed.py). The
+teacher-forced profile asks it for `run_lengths` (dflash/all_starts.py: every start of a sequence in one block
+forward, once per num_steps, since the drafts depend on the block's length).
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ class BlockDraftState:
         from eagle_eval.heads.dflash.batched import BlockRows
 
         return BlockRows(head, embed, batch, capacity, device)
+
+    @staticmethod
+    def run_lengths(head: DFlashHead, embed, aux: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                    num_steps: int) -> torch.Tensor:
+        """The teacher-forced profile's form: the greedy run length of every start (dflash/all_starts.py)."""
+        from eagle_eval.heads.dflash.all_starts import run_lengths
+
+        return run_lengths(head, embed, aux, tokens, anchors, num_steps)
 
     def __init__(self, head: DFlashHead, embed, position_offset: int = 0, policy=None):
         """head: dflash/bind.py DFlashHead; embed: token ids [B, T] -> [B, T, H] (the head's own `embed`: raw rows
