@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from eagle_eval.heads.dflash.bind import DFlashHead
+from eagle_eval.heads.dflash.config import TREES_REFUSED
 
 
 class BlockRows:
@@ -73,6 +74,6 @@ class BlockRows:
         return torch.stack(drafts, dim=1)
 
     def propose_tree(self, num_steps: int, topk: int):
-        from eagle_eval.heads.dflash.state import refuse_trees
+        from eagle_eval.settings import ConfigError
 
-        refuse_trees(topk)
+        raise ConfigError(TREES_REFUSED.format(topk=topk))

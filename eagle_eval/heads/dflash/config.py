@@ -29,6 +29,9 @@ SPECULATORS_ARCHITECTURES = ("DFlashSpeculator",)
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 FULL, SLIDING = "full_attention", "sliding_attention"
 DEFAULT_BLOCK_SIZE = 16              # z-lab PyPI DFlashDraftModel.__init__ and SGLang, when block_size is absent
+# what `--topk K > 1` is told (state.py, batched.py, wire.py)
+TREES_REFUSED = ("--topk {topk}: a block drafter (DFlash) proposes one chain per forward and the engines verify it "
+                 "as a chain (vLLM dflash and SGLang DFLASH force topk 1); use --topk 1")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

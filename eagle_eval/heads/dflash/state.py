@@ -30,14 +30,8 @@ from __future__ import annotations
 import torch
 
 from eagle_eval.heads.dflash.bind import DFlashHead
+from eagle_eval.heads.dflash.config import TREES_REFUSED
 from eagle_eval.heads.dflash.model import ContextKV
-
-
-def refuse_trees(topk: int):
-    from eagle_eval.settings import ConfigError
-
-    raise ConfigError(f"--topk {topk}: a block drafter (DFlash) proposes one chain per forward and the engines "
-                      "verify it as a chain (vLLM dflash and SGLang DFLASH force topk 1); use --topk 1")
 
 
 class BlockDraftState:
@@ -115,4 +109,6 @@ class BlockDraftState:
         return torch.cat(drafts)
 
     def propose_tree(self, num_steps: int, topk: int):
-        refuse_trees(topk)
+        from eagle_eval.settings import ConfigError
+
+        raise ConfigError(TREES_REFUSED.format(topk=topk))

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from eagle_eval.findings import info, warning
 from eagle_eval.heads.dflash.bind import DFlashHead, bind
-from eagle_eval.heads.dflash.config import DFLASH2, SPECULATORS, DFlashConfig
-from eagle_eval.heads.dflash.state import BlockDraftState, refuse_trees
+from eagle_eval.heads.dflash.config import DFLASH2, SPECULATORS, TREES_REFUSED, DFlashConfig
+from eagle_eval.heads.dflash.state import BlockDraftState
 from eagle_eval.heads.wired import HeadInfo, VocabMap, Wired
 from eagle_eval.models.capture import EngineTaps, resolve_aux_layers
 from eagle_eval.settings import ConfigError
@@ -85,7 +85,7 @@ def engine_taps(cfg: DFlashConfig, num_layers: int) -> dict:
 def _refuse(settings) -> None:
     spec_s = settings.speculation
     if spec_s.topk > 1:
-        refuse_trees(spec_s.topk)
+        raise ConfigError(TREES_REFUSED.format(topk=spec_s.topk))
     if spec_s.position_offset:
         raise ConfigError(f"--position-offset {spec_s.position_offset}: SGLang's old EAGLE-3 draft positions; a block "
                           "drafter runs at the verified positions s..s+B-1 in every engine")
