@@ -156,14 +156,15 @@ def block_speculator(target_path: Path, draft_path: Path, policy=None):
                       policy=policy or GREEDY, draft_state=BlockDraftState)
 
 
-def dflash_pair(root: Path, kinds=("dflash",), steps: dict | None = None, max_positions: int = 512) -> dict:
+def dflash_pair(root: Path, kinds=("dflash",), steps: dict | None = None, max_positions: int = 512,
+                num_prompts: int = NUM_PROMPTS) -> dict:
     """A target folder, a prompts file and, per kind asked for, a drafter trained a few seconds and saved in the
     z-lab layout: {"target", "prompts" (the file), "prompt_ids", kind: folder}."""
     from eagle_eval.heads.dflash.io import save_dflash
 
     training = {"dflash": dict(steps=20, lr=6e-3), "dflash2": dict(steps=10, lr=1e-2), **(steps or {})}
     target = make_qwen3_target(root / "target", max_positions=max_positions)
-    prompts = write_prompts(root / "prompts.jsonl")
+    prompts = write_prompts(root / "prompts.jsonl", n=num_prompts)
     out = {"target": target, "prompts": prompts, "prompt_ids": read_prompts(prompts)}
     for kind in kinds:
         drafter = train_drafter(random_drafter(dflash_config(kind)), target, out["prompt_ids"], **training[kind])

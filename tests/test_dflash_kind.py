@@ -104,11 +104,12 @@ def test_settings_a_block_drafter_cannot_take_are_refused_by_name(pair):
 
 
 def test_aux_layers_on_the_command_line_replace_the_configs_taps(pair):
-    """What diagnose's sweeps change: --aux-layers (HF 3, 5 here) is tapped, and a note says the config names
+    """What diagnose's sweeps change: --aux-layers (HF 3, 5 here) is tapped, and a finding says the config names
     others, which every engine taps."""
-    with pytest.warns(UserWarning, match=r"--aux-layers taps HF \[3, 5\]"):
-        oracle = api.load_oracle(_settings(pair, aux_layers=(3, 5), aux_convention="hf"))
+    oracle = api.load_oracle(_settings(pair, aux_layers=(3, 5), aux_convention="hf"))
     assert oracle.resolved.aux.hf == (3, 5) and oracle.speculator.aux_hf == (3, 5)
+    (found,) = [f for f in oracle.resolved.sanity if f.code == "dflash-aux-override"]
+    assert found.detail == {"tapped": [3, 5], "config_hf": [2, 4]}
     assert oracle.resolved.engines["vllm_v1"].hf == (2, 4)
 
 

@@ -149,8 +149,11 @@ def sweep_rows(cands: list[Candidate], cycles: list[list], seq: decide.Sequence)
     return ranked
 
 
-def sweep_findings(rows: list[SweepRow], seq: decide.Sequence, budget: int) -> tuple[list[Finding], list[int]]:
-    """(findings, recommended HF layers): one verdict finding, plus a warning when nothing is accepted."""
+def sweep_findings(rows: list[SweepRow], seq: decide.Sequence, budget: int,
+                   lines_of=None) -> tuple[list[Finding], list[int]]:
+    """(findings, recommended HF layers): one verdict finding, plus a warning when nothing is accepted.
+    lines_of: HF layers -> the config lines that make the engines tap them (`config_lines`, a block drafter's
+    `block_config_lines`)."""
     base = next(r for r in rows if r.bound is None)
     configured = list(base.candidate.hf)
     out = []
@@ -161,7 +164,7 @@ def sweep_findings(rows: list[SweepRow], seq: decide.Sequence, budget: int) -> t
     on = f"decided on {seq.prompts} prompt(s) (look {len(seq.looks)} of {len(seq.planned)})"
     if seq.verdict == decide.MISMATCH:
         win = next(r for r in rows if r.index == seq.winner)
-        b, lines = win.bound, config_lines(list(win.candidate.hf))
+        b, lines = win.bound, (lines_of or config_lines)(list(win.candidate.hf))
         out.append(error("aux-layer-mismatch",
                          f"HF {list(win.candidate.hf)} ({win.candidate.label}) gains {b.delta:+.3f} tau_pos "
                          f"[{b.lower:+.3f}, {b.upper:+.3f}] over the configured HF {configured} (cycle tau "
@@ -227,3 +230,12 @@ def config_lines(hf: list[int]) -> dict:
             "vllm": f'"eagle_aux_hidden_state_layer_ids": {list(hf)}',
             "eagle_eval": f"--aux-layers {','.join(map(str, sg))} (SGLang ids) or --aux-layers "
                           f"{','.join(map(str, hf))} --aux-convention hf"}
+
+
+def block_config_lines(hf: list[int]) -> dict:
+    """A block drafter's config.json lines that make SGLang and vLLM feed HF[hf]: target_layer_ids = hf - 1 (both
+    engines add 1; vLLM only without an eagle_aux_hidden_state_layer_ids key, which wins)."""
+    ids = [i - 1 for i in hf]
+    line = f'"dflash_config": {{"target_layer_ids": {ids}}}'
+    return {"sglang": line, "vllm": line + " (and no eagle_aux_hidden_state_layer_ids key)",
+            "eagle_eval": f"--aux-layers {','.join(map(str, hf))} --aux-convention hf"}

@@ -42,17 +42,29 @@ def _layers(hf) -> dict:
 
 
 def _config_hf(oracle) -> list[int] | None:
-    """The HF layers the draft config.json itself names (None: no ids in it)."""
+    """The HF layers the draft config.json itself names (None: no ids in it); a block drafter's target_layer_ids
+    + 1 (its report echo)."""
     from eagle_eval.heads.checks.sanity import config_aux_hf
 
+    block = oracle.resolved.head.extra.get("block")
+    if block is not None:
+        return list(block["target_layer_ids"]["hf"])
     return config_aux_hf(json.loads((Path(oracle.resolved.head.path) / "config.json").read_text()))
 
 
 def _known_layers(oracle, dump_hf) -> list[tuple[str, tuple]]:
-    """Layer sets the sweep tries right after the configured one: a training dump's, the draft config's."""
+    """Layer sets the sweep tries right after the configured one: a training dump's, the draft config's (and a block
+    drafter's default: z-lab's build_target_layer_ids for its depth, + 1)."""
     config_hf = _config_hf(oracle)
+    block = oracle.resolved.head.extra.get("block")
+    own = []
+    if block is not None:
+        from eagle_eval.heads.dflash.config import default_target_layer_ids
+
+        ids = default_target_layer_ids(oracle.speculator.target.num_layers, block["draft_layers"])
+        own = [("z-lab default build_target_layer_ids(N, draft layers) + 1", tuple(i + 1 for i in ids))]
     return ([("training dump", dump_hf)] if dump_hf else []) + \
-        ([("draft config.json ids", tuple(config_hf))] if config_hf is not None else [])
+        ([("draft config.json ids", tuple(config_hf))] if config_hf is not None else []) + own
 
 
 def _read_dump(oracle, dcfg: DiagnoseOptions):
@@ -187,7 +199,8 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
         if variants:
             findings += aux_sweep.variant_findings(rows, seq, dcfg.prompt_budget, oracle.resolved.head.kind)
         else:
-            more, recommended = aux_sweep.sweep_findings(rows, seq, dcfg.prompt_budget)
+            lines = aux_sweep.block_config_lines if "block" in oracle.resolved.head.extra else aux_sweep.config_lines
+            more, recommended = aux_sweep.sweep_findings(rows, seq, dcfg.prompt_budget, lines)
             findings += more
     elif dcfg.sweep:
         findings.append(info("aux-sweep-not-applicable", "no alternative layer set fits this target"))

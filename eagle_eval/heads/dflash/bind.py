@@ -30,14 +30,16 @@ from eagle_eval.heads.dflash.model import DFlashDrafter
 
 
 class DFlashHead:
-    """A drafter with the embedding table [V, H] and lm_head (`.weight` [V_d, H]) it reads through."""
+    """A drafter with the embedding table [V, H] and lm_head (`.weight` [V_d, H]) it reads through; d2t [V_d] and
+    t2d [V] (the target ids it can draft) as an EAGLE-3 head's."""
 
     def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head: torch.nn.Module):
         self.drafter, self.config = drafter, drafter.config
         self.embed_weight, self.lm_head = embed_weight, lm_head
         device = lm_head.weight.device
-        self.d2t = (drafter.d2t if drafter.lm_head is not None
-                    else torch.zeros(self.config.draft_vocab_size, dtype=torch.long, device=device))
+        own = drafter.lm_head is not None
+        self.d2t = drafter.d2t if own else torch.zeros(self.config.draft_vocab_size, dtype=torch.long, device=device)
+        self.t2d = drafter.t2d if own else torch.ones(self.config.vocab_size, dtype=torch.bool, device=device)
 
     @property
     def device(self):

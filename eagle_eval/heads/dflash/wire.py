@@ -19,6 +19,9 @@ change), else the config's target_layer_ids l as HF indices l + 1 (z-lab `extrac
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from eagle_eval.findings import info, warning
 from eagle_eval.heads.dflash.bind import DFlashHead, bind
 from eagle_eval.heads.dflash.config import DFLASH2, SPECULATORS, TREES_REFUSED, DFlashConfig
@@ -66,6 +69,24 @@ def block_size_finding(cfg: DFlashConfig, num_steps: int, config_file: str):
         vllm_num_speculative_tokens=cfg.block_size - 1, sglang_num_draft_tokens=cfg.block_size)
 
 
+def served_tokens_finding(cfg: DFlashConfig, config_file: str):
+    """The speculators layout tells vLLM its K (speculators_config.proposal_methods[0].speculative_tokens, read when
+    the folder itself is served: vLLM speculators base.py): a finding when that K serves another block than the
+    trained one (None when it agrees or the layout has no such key; the value was type-checked at loading)."""
+    if cfg.layout != SPECULATORS:
+        return None
+    raw = json.loads(Path(config_file).read_text())
+    methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    tokens = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    if tokens is None or tokens == cfg.block_size - 1:
+        return None
+    return warning("dflash-served-block",
+                   f"{config_file}: speculators_config.proposal_methods[0].speculative_tokens = {tokens}: vLLM serving "
+                   f"this folder drafts blocks of {tokens + 1} rows, but it was trained with block_size "
+                   f"{cfg.block_size} (num_speculative_tokens {cfg.block_size - 1}); vLLM does not refuse it",
+                   speculative_tokens=tokens, rows=tokens + 1, trained_block_size=cfg.block_size)
+
+
 def engine_taps(cfg: DFlashConfig, num_layers: int) -> dict:
     """What each engine taps for this config: SGLang and both vLLM runners l + 1, vLLM the eagle key when present."""
     hf = tuple(sorted(cfg.aux_hf))
@@ -110,17 +131,23 @@ def _embedding(choice: str, loaded, target, head: DFlashHead) -> tuple[DFlashHea
     return head, f"target (the target's embed_tokens rows{scale})"
 
 
-def load_findings(loaded, settings) -> list:
-    """The load-time findings of a DFlash drafter: what was read, and the block this run drafts against the trained
-    one (the notes of reading and binding are the run's warnings)."""
+def load_findings(loaded, settings, aux) -> list:
+    """The load-time findings of a DFlash drafter: what was read, the taps against the config's, and the block this
+    run drafts against the trained one (the notes of reading and binding are the run's warnings)."""
     cfg = loaded.config
     out = [info("dflash-checkpoint",
                 f"{cfg.kind} draft, {cfg.layout} layout: {cfg.num_hidden_layers} draft layers, block_size "
                 f"{cfg.block_size}, mask token {cfg.mask_token_id}, target_layer_ids {list(cfg.target_layer_ids)} "
                 f"(HF {list(cfg.aux_hf)})" + (" (defaulted from num_target_layers)" if cfg.ids_defaulted else ""))]
-    mismatch = block_size_finding(cfg, settings.speculation.num_steps, loaded.config_file)
-    if mismatch is not None:
-        out.append(mismatch)
+    if aux.hf != tuple(sorted(cfg.aux_hf)):
+        out.append(warning("dflash-aux-override",
+                           f"--aux-layers taps HF {list(aux.hf)}; {loaded.config_file} names target_layer_ids "
+                           f"{list(cfg.target_layer_ids)} (HF {list(cfg.aux_hf)}), which every engine taps",
+                           tapped=list(aux.hf), config_hf=list(cfg.aux_hf)))
+    for found in (block_size_finding(cfg, settings.speculation.num_steps, loaded.config_file),
+                  served_tokens_finding(cfg, loaded.config_file)):
+        if found is not None:
+            out.append(found)
     return out
 
 
@@ -137,9 +164,6 @@ def wire_dflash(settings, loaded, target, weight_checks: dict) -> Wired:
     aux = resolve_aux_layers(target.num_layers, cfg.num_aux, spec_s.aux_layers, spec_s.aux_convention,
                              default=(list(cfg.aux_hf), source))
     notes = list(loaded.key_notes) + bind_notes
-    if spec_s.aux_layers is not None and aux.hf != tuple(sorted(cfg.aux_hf)):
-        notes.append(f"--aux-layers taps HF {list(aux.hf)}; {loaded.config_file} names target_layer_ids "
-                     f"{list(cfg.target_layer_ids)} (HF {list(cfg.aux_hf)}), which every engine taps")
     reduced = cfg.draft_vocab_size < cfg.vocab_size
     d2t_identity = bool((head.d2t == 0).all())
     vocab = VocabMap(cfg.draft_vocab_size, cfg.vocab_size,
@@ -151,6 +175,6 @@ def wire_dflash(settings, loaded, target, weight_checks: dict) -> Wired:
                      keys=loaded.key_audit.as_dict(), extra=echo)
     return Wired(head=head, embed=head.embed, embedding=table_name, aux=aux,
                  engines=engine_taps(cfg, target.num_layers), vocab_map=vocab, info=info_,
-                 sanity=tuple(load_findings(loaded, settings)), notes=tuple(notes),
+                 sanity=tuple(load_findings(loaded, settings, aux)), notes=tuple(notes),
                  train_acc=train_acc(settings.model, loaded.path), draft_state=BlockDraftState)
 
