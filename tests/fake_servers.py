@@ -21,6 +21,9 @@ settings (see test_server_check.py); the faults here change what goes over the w
 | `not_samples` | at temperature > 0: the tokens drawn uniformly from the vocabulary (like the real vLLM 0.32 CPU build's speculative sampling, whose tokens the target often cannot emit: docs/server-check.md) |
 | `wrong_residual` | at temperature > 0: a rejected draft is replaced by a sample of p itself (the rejected draft not removed) |
 
+A block drafter's oracle (a DFlash draft) is served as SGLang's `DFLASH` (its /get_server_info says so: num_steps 1,
+the block in speculative_num_draft_tokens) or vLLM's `dflash` (the same counters and per-request metrics).
+
 At temperature > 0 the stand-in samples as its engine does: the decode policy of `rule` (default vLLM's rule for
 the vLLM stand-in, SGLang's for the SGLang one) seeded with the request's seed, with the request's filters.
 
@@ -144,10 +147,15 @@ class Engine:
         model, num_steps = self.oracle.settings.model, self.oracle.resolved.num_steps
         d = 8 if self.fault == "draft_tokens_info" else num_steps + 1
         avg = self.total[0] / self.total[1] if self.total[1] else None
-        mtp = self.oracle.resolved.head.kind == "mtp"        # an MTP layer: NEXTN, drafted from the target's folder
-        return {"model_path": model.target, "version": "fake", "speculative_algorithm": "NEXTN" if mtp else "EAGLE3",
-                "speculative_num_steps": num_steps, "speculative_eagle_topk": 1,
+        # an MTP layer: NEXTN, drafted from the target's folder; a block drafter is served as SGLang's DFLASH:
+        # num_steps forced to 1, the block = num_draft_tokens (speculative_hook.py _handle_dflash)
+        mtp = self.oracle.resolved.head.kind == "mtp"
+        block = self.oracle.resolved.head.extra.get("block") is not None
+        algo = "NEXTN" if mtp else "DFLASH" if block else "EAGLE3"
+        return {"model_path": model.target, "version": "fake", "speculative_algorithm": algo,
+                "speculative_num_steps": 1 if block else num_steps, "speculative_eagle_topk": 1,
                 "speculative_num_draft_tokens": d, "speculative_draft_model_path": model.target if mtp else model.draft,
+                **({"speculative_dflash_block_size": d} if block else {}),
                 "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": 0.0}]}
 
     def sglang_generate(self, body: dict) -> dict:

@@ -222,7 +222,8 @@ def _run_server_check(settings: Settings, check: ServerCheckOptions, oracle, pro
     judged = judge_requests(rows, check.mode, check.tolerance) if client is not None else None
     hypotheses = None
     if judged is not None and check.hypotheses and _any_disagreement(rows, check.mode):
-        server_steps = (server_settings or {}).get(eng.num_steps_setting)
+        server_steps = (eng.server_num_steps(server_settings or {}) if eng.server_num_steps
+                        else (server_settings or {}).get(eng.num_steps_setting))
         hypotheses = match_hypotheses(oracle, prompts, rows, backend, server_steps, check.mode, check.tolerance)
     log = _log_comparison(backend, log_path, log_start, samples, resolved, check.tolerance) if log_path else None
     settings_rows = (eng.compare_settings(server_settings, resolved, settings.model.draft)

@@ -23,6 +23,7 @@ class Engine:
     extra_taps: Callable | None = None    # resolved -> [(name, description, HF)] more taps this engine may use
     compare_log: Callable | None = None   # (log text, oracle tau, num_draft_tokens, tolerance) -> dict (--sglang-log)
     options: tuple = ()                   # the ServerCheckOptions fields only this engine reads
+    server_num_steps: Callable | None = None   # (server settings) -> its drafts per verify, when not num_steps_setting
 
 
 def setting_row(name, server, oracle, ok, note=None) -> dict:

@@ -55,7 +55,7 @@ def candidate_hypotheses(aux_hf, num_layers: int, position_offset: int = 0, embe
 
     def add_aux(name, hf, description):
         hf = tuple(sorted(hf))
-        if len(set(hf)) == len(hf) and all(0 <= i < num_layers for i in hf) and \
+        if len(hf) == len(aux) and len(set(hf)) == len(hf) and all(0 <= i < num_layers for i in hf) and \
                 all(h.aux_hf != hf for h in out) and hf != aux:
             out.append(Hypothesis(name, f"{description}: aux HF {list(hf)}", aux_hf=hf))
 
@@ -123,7 +123,7 @@ def hypotheses_for(oracle, server_num_steps: int | None = None, backend: str | N
         return out
     return candidate_hypotheses(
         r.aux.hf, oracle.speculator.target.num_layers, r.position_offset, r.embedding_table,
-        oracle.speculator.head.embed_tokens is not None, server_num_steps, r.num_steps,
+        getattr(oracle.speculator.head, "embed_tokens", None) is not None, server_num_steps, r.num_steps,
         engine_reads(r, backend) if backend else ())
 
 
@@ -161,12 +161,20 @@ def match_hypotheses(oracle, prompts: list, rows: list[dict], backend: str, serv
     prompts: records.Prompt; rows: server-check's per-request rows (with the server's counts).
     Ranked by exact requests (exact mode) or by mean |server - hypothesis| figure (tolerance mode).
     """
+    from eagle_eval.errors import UserError
+
     by_id = {r["id"]: r for r in rows if r["comparable"]}
     chosen = [p for p in prompts if p.id in by_id]
     num_steps = oracle.resolved.num_steps
-    table = [{**asdict(h), "aux_hf": list(h.aux_hf) if h.aux_hf else None,
-              **_score(oracle_variant(oracle, h), chosen, by_id, backend, num_steps, tolerance)}
-             for h in hypotheses_for(oracle, server_num_steps, backend)]
+    table, not_applicable = [], []
+    for h in hypotheses_for(oracle, server_num_steps, backend):
+        try:
+            variant = oracle_variant(oracle, h)
+        except UserError as exc:           # a wiring this head kind cannot have (a block drafter's draft positions)
+            not_applicable.append({"name": h.name, "reason": str(exc)})
+            continue
+        table.append({**asdict(h), "aux_hf": list(h.aux_hf) if h.aux_hf else None,
+                      **_score(variant, chosen, by_id, backend, num_steps, tolerance)})
 
     def rank(row):
         mad = row["mean_abs_difference"]
@@ -181,7 +189,7 @@ def match_hypotheses(oracle, prompts: list, rows: list[dict], backend: str, serv
             f"a 95% interval of the per-request relative differences inside +-{tolerance:.1%}")
     return {"requests": len(chosen), "mode": mode, "rule": rule, "ranking": ranked,
             "explanation": best["name"] if best else None, "tied": tied,
-            "nearest": [r["name"] for r in ranked[:3]],
+            "nearest": [r["name"] for r in ranked[:3]], "not_applicable": not_applicable,
             "server_per_request": {i: r["server"]["figure"] for i, r in by_id.items()},
             "score": "exact_requests: requests whose counts equal the server's; mean_abs_difference: mean over "
                      "requests of |server figure - hypothesis figure| (figure as in acceptance.figure)"}

@@ -125,17 +125,21 @@ def compare_sglang_settings(settings: dict, resolved: dict, draft_path: str) -> 
     """
     rows = []
     algo = settings.get("speculative_algorithm")
-    # an MTP layer runs as NEXTN, SGLang's alias of EAGLE (arg_groups/speculative_hook.py), from the target's folder
+    # an MTP layer runs as NEXTN, SGLang's alias of EAGLE (arg_groups/speculative_hook.py), from the target's folder;
+    # a block drafter as DFLASH (speculative_hook.py)
     mtp = resolved.head.kind == "mtp"
-    expected = ("NEXTN", "EAGLE") if mtp else ("EAGLE3",)
+    block = resolved.head.extra.get("block")
+    expected = ("NEXTN", "EAGLE") if mtp else ("DFLASH",) if block is not None else ("EAGLE3",)
     rows.append(setting_row("speculative_algorithm", algo, " or ".join(expected),
                             algo is not None and str(algo).upper() in expected,
                             "speculative decoding is off" if algo is None else None))
     draft_path = resolved.target.path if mtp else draft_path
     for key, ours in (("speculative_num_steps", "num_steps"), ("speculative_eagle_topk", "topk")):
-        value = settings.get(key)
-        rows.append(setting_row(key, value, getattr(resolved, ours), None if value is None else value == getattr(resolved, ours),
-                         "not reported" if value is None else None))
+        value, oracle = settings.get(key), getattr(resolved, ours)
+        note = "not reported" if value is None else None
+        if block is not None and key == "speculative_num_steps":
+            oracle, note = 1, note or "DFLASH forces 1: its block is speculative_num_draft_tokens"
+        rows.append(setting_row(key, value, oracle, None if value is None else value == oracle, note))
     d_server, d_oracle = settings.get("speculative_num_draft_tokens"), resolved.num_draft_tokens
     note = None
     if d_server is None:
@@ -149,6 +153,9 @@ def compare_sglang_settings(settings: dict, resolved: dict, draft_path: str) -> 
                     f"speculative_num_steps + 1 = {steps + 1}; this server reports {d_server} (not adjusted)")
         elif ok and given is not None and given != d_oracle:
             note = f"SGLang's topk == 1 adjustment applied (asked {given}, used {d_oracle})"
+    if block is not None and not ok and d_server is not None:
+        note = (f"DFLASH drafts blocks of speculative_num_draft_tokens = {d_server} rows, the oracle {d_oracle} "
+                f"(the draft was trained with block_size {block['block_size']}; SGLang only warns on a mismatch)")
     rows.append(setting_row("speculative_num_draft_tokens", d_server, d_oracle, ok, note))
     path = settings.get("speculative_draft_model_path")
     if path is not None:
@@ -239,6 +246,15 @@ def _compare_log(text: str, oracle_tau: float | None, num_draft_tokens: int, tol
     return compare_sglang_log(parse_sglang_log(text), oracle_tau, num_draft_tokens, tolerance)
 
 
+def _server_num_steps(settings: dict) -> int | None:
+    """The drafts per verify the server makes: speculative_num_steps, but for DFLASH (which forces it to 1) its block
+    of speculative_num_draft_tokens rows less the anchor."""
+    if str(settings.get("speculative_algorithm") or "").upper() == "DFLASH":
+        d = settings.get("speculative_num_draft_tokens")
+        return d - 1 if isinstance(d, int) else None
+    return settings.get("speculative_num_steps")
+
+
 ENGINE = Engine(
     name="sglang", figure="spec_accept_length",
     figure_definition="completion_tokens / spec_verify_ct (SGLang meta_info.spec_accept_length; counts the "
@@ -246,5 +262,6 @@ ENGINE = Engine(
                       "requests",
     figure_counts=_figure_counts, make_client=lambda http, options: SGLangClient(http),
     compare_settings=compare_sglang_settings, num_steps_setting="speculative_num_steps",
+    server_num_steps=_server_num_steps,
     taps={"sglang": "sglang_reads_config", "sglang_before_25454": "sglang_before_25454_reads_config"},
     compare_log=_compare_log)

@@ -327,9 +327,13 @@ class VLLMClient:
 
 def compare_vllm_settings(settings: dict, resolved: dict) -> list[dict]:
     k = settings.get("num_speculative_tokens")
+    note = "not reported" if k is None else "the position labels of vllm:spec_decode_num_accepted_tokens_per_pos"
+    block = resolved.head.extra.get("block")
+    if block is not None and k is not None and k != block["vllm_num_speculative_tokens"]:
+        note += (f"; method dflash drafts blocks of 1 + K = {k + 1} rows, the draft was trained with block_size "
+                 f"{block['block_size']} (K = {block['vllm_num_speculative_tokens']})")
     return [setting_row("num_speculative_tokens", k, resolved.num_steps, None if k is None else k == resolved.num_steps,
-                 "not reported" if k is None else
-                 "the position labels of vllm:spec_decode_num_accepted_tokens_per_pos")]
+                        note)]
 
 
 def _figure_counts(completion_tokens, verify_count, accepted_drafts) -> tuple[int, int] | None:
@@ -342,7 +346,10 @@ def _figure_counts(completion_tokens, verify_count, accepted_drafts) -> tuple[in
 
 
 def _nested_ids_taps(resolved) -> list[tuple]:
-    """The server may have been given a config with only the nested key, which vLLM's V1 runner reads raw."""
+    """The server may have been given a config with only the nested key, which vLLM's V1 runner reads raw (an
+    EAGLE-3 config's key: a block drafter's target_layer_ids are read + 1 by every runner)."""
+    if resolved.head.extra.get("block") is not None:
+        return []
     hf = list(resolved.aux.hf)
     return [("vllm_v1_reads_nested_ids", f"vLLM's V1 runner reading SGLang-style nested ids {[i - 1 for i in hf]} "
              "unchanged as vLLM-style (input-of-layer) ids, one layer low (a served config with only "

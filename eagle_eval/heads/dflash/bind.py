@@ -45,6 +45,11 @@ class DFlashHead:
     def device(self):
         return self.lm_head.weight.device
 
+    @property
+    def embed_tokens(self):
+        """The checkpoint's own embedding table (speculators layout), else None: the target's is read."""
+        return self.drafter.embed_tokens
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] -> the raw rows x input_embedding_scale [B, T, H] on the drafter's device and dtype."""
         rows = F.embedding(ids.to(self.embed_weight.device), self.embed_weight)
