@@ -41,7 +41,7 @@ NOT_USED = {
     "run": set(),
     "profile": {"resume"},
     "ablate": {"resume"},
-    "diagnose": {"resume", "context_buckets", "train_context"},      # diagnose reports no acceptance by context
+    "diagnose": {"resume"},
     "server-check": {"resume"},
 }
 OWN_ONLY = {"plan"}                  # commands that take their own options and no Settings

@@ -11,7 +11,7 @@ from dflash_fixtures import NEW_TOKENS, PROMPT_LEN, dflash_config, dflash_pair, 
 
 from eagle_eval import api
 from eagle_eval.diagnose.options import DiagnoseOptions
-from eagle_eval.diagnose.run import diagnose
+from eagle_eval.diagnose.run import diagnose, render_diagnosis
 from eagle_eval.settings import Settings
 
 
@@ -85,3 +85,21 @@ def test_acceptance_past_the_training_length_decays(pair):
     finding = run.report["by_context"]["train_context_finding"]
     assert finding["verdict"] == "decayed", finding
     assert finding_status(run.report) == 1
+
+
+@pytest.mark.parametrize("sweep", [True, False])
+def test_diagnose_says_acceptance_decays_past_the_training_length(pair, sweep):
+    """diagnose --train-context: the by-context section of the configured wiring (from the sweep's profile of it,
+    or a profile of its own without a sweep) equals the loop's on the same prompts, and its verdict is a finding:
+    decayed past the drafter's training length -> the error context-decay (exit 1)."""
+    length = PROMPT_LEN + NEW_TOKENS + 4
+    settings = _settings(pair, max_new_tokens=48, train_context=length)
+    found = diagnose(settings, DiagnoseOptions(sweep=sweep, template_check=False))
+    (f,) = [f for f in found.findings if f.code.startswith("context-")]
+    assert (f.code, f.severity, found.exit_status) == ("context-decay", "error", 1), f
+    section = found.report["by_context"]
+    diagnosed = section["buckets"][0]["prompts"]               # every prompt has a cycle in the first bucket
+    run = api.evaluate(settings.with_(limit=diagnosed), progress=False)
+    assert section == run.report["by_context"]                 # the profile's cycles are the loop's
+    assert section["train_context_finding"]["verdict"] == "decayed"
+    assert "acceptance by context" in render_diagnosis(found.report)

@@ -115,8 +115,8 @@ class SweepRow:
                 **({"changes": dict(self.candidate.changes)} if self.candidate.changes is not None else {})}
 
 
-def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bool = False) -> list[tuple[list, list]]:
-    """Per candidate: (cycle counts, position counts) per prompt, each candidate profiled through
+def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bool = False) -> list[tuple[list, list, list]]:
+    """Per candidate: (cycle counts, position counts, the profiled samples) per prompt, each candidate profiled through
     `oracle.with_` (the loaded target and head are shared) on the same prompts and greedy continuations."""
     from eagle_eval.commands.profile import profile_prompts
     from eagle_eval.errors import within
@@ -129,7 +129,8 @@ def measure(oracle, prompts, continuations, cands: list[Candidate], progress: bo
                  oracle.with_(aux_layers=cand.hf, aux_convention="boundary" if n in cand.hf else "hf"))
         with within(cand.label if cand.changes is not None else f"aux-layer sweep, HF {list(cand.hf)}"):
             res = profile_prompts(swept, prompts, ProfileOptions(max_steps=steps), continuations, progress)
-        out.append((prompt_counts([s.accepted_per_cycle for s in res.samples]), sample_positions(res.samples, steps)))
+        out.append((prompt_counts([s.accepted_per_cycle for s in res.samples]), sample_positions(res.samples, steps),
+                    res.samples))
     return out
 
 

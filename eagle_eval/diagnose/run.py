@@ -121,20 +121,60 @@ class Rounds:
                 weight=lambda p: len(p.input_ids))
 
 
-def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.Sequence]:
-    """Profile every candidate look by look until the verdict is decided or the prompts run out."""
+def _sweep(oracle, rounds: Rounds, cands, progress: bool) -> tuple[list, decide.Sequence, list]:
+    """Profile every candidate look by look until the verdict is decided or the prompts run out; also the
+    configured candidate's (the first's) profiled samples."""
     from eagle_eval.diagnose import aux_sweep
 
     cycles: list[list] = [[] for _ in cands]
+    configured: list = []
 
     def measure(lo: int, hi: int) -> list[list]:
         got = aux_sweep.measure(oracle, *rounds.slice(lo, hi), cands, progress)
-        for c, (cyc, _) in enumerate(got):
+        for c, (cyc, _, _) in enumerate(got):
             cycles[c] += cyc
-        return [pos for _, pos in got]
+        configured.extend(got[0][2])
+        return [pos for _, pos, _ in got]
 
     seq = decide.sequential(decide.looks(decide.FIRST_LOOK, len(rounds.prompts)), measure, len(cands))
-    return aux_sweep.sweep_rows(cands, cycles, seq), seq
+    return aux_sweep.sweep_rows(cands, cycles, seq), seq, configured
+
+
+def _by_context(oracle, rounds: Rounds, samples: list, progress: bool) -> tuple[dict | None, list[Finding]]:
+    """Acceptance by context of the configured wiring (results/context.py), from the sweep's profile of it or,
+    without a sweep, a profile of the prompts generated so far when --train-context or --context-buckets asks
+    for it; --train-context's verdict becomes a finding (decayed: error, undecided: undecided)."""
+    from eagle_eval.commands.profile import profile_prompts
+    from eagle_eval.findings import error, undecided
+    from eagle_eval.results.context import from_records
+    from eagle_eval.settings import ProfileOptions
+
+    s = oracle.settings
+    given, train = s.output.context_buckets, s.model.train_context
+    steps = oracle.resolved.num_steps
+    if not samples:
+        if given is None and train is None:
+            return None, []
+        n = len(rounds.conts)
+        samples = profile_prompts(oracle, rounds.prompts[:n], ProfileOptions(max_steps=steps), rounds.conts[:n],
+                                  progress).samples
+    section = from_records(samples, steps, None if given is None else list(given), train)
+    found = section.get("train_context_finding")
+    if not found:
+        return section, []
+    d = found["difference"]
+    text = (f"past --train-context {train}, tau per cycle minus before it = "
+            + ("-" if d["value"] is None else f"{d['value']:+.3f}")
+            + ("" if d["low"] is None else f" [{d['low']:+.3f}, {d['high']:+.3f}]")
+            + f" ({found['prompts_before']} prompts before, {found['prompts_past']} past): {found['reason']}")
+    detail = {"train_context": train, "difference": d}
+    if found["verdict"] == "decayed":
+        return section, [error("context-decay", "acceptance decays past the training length: " + text, **detail)]
+    if found["verdict"] == "undecided":
+        return section, [undecided("context-decay-undecided", "cannot tell whether acceptance decays past the "
+                                   "training length: " + text, **detail)]
+    return section, [info("context-no-decay", "acceptance does not decay past the training length: " + text,
+                          **detail)]
 
 
 def _sweep_report(rows, seq: decide.Sequence, oracle, budget: int) -> dict:
@@ -193,8 +233,9 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
     variants = kind(oracle.resolved.head.kind).variants       # a kind's own wiring faults (an MTP layer's conventions)
     cands = (aux_sweep.variant_candidates(configured, variants(run, oracle.resolved)) if variants else
              aux_sweep.candidates(configured, num_layers, _known_layers(oracle, dump_hf)))
+    configured_samples: list = []
     if dcfg.sweep and len(cands) > 1:
-        rows, seq = _sweep(oracle, rounds, cands, progress)
+        rows, seq, configured_samples = _sweep(oracle, rounds, cands, progress)
         report["sweep"] = _sweep_report(rows, seq, oracle, budget)
         if variants:
             findings += aux_sweep.variant_findings(rows, seq, dcfg.prompt_budget, oracle.resolved.head.kind)
@@ -210,6 +251,10 @@ def _diagnose(settings, dcfg: DiagnoseOptions, folder, progress: bool, oracle) -
     if dcfg.template_check:
         report["template_check"], more = template_check(oracle)
         findings += more
+    by_context, more = _by_context(oracle, rounds, configured_samples, progress)
+    findings += more
+    if by_context is not None:
+        report["by_context"] = by_context
     if dump_hf is not None:
         recommended = list(dump_hf)             # the dump says what the head was trained on
     if dcfg.fingerprint:
@@ -247,6 +292,9 @@ def render_diagnosis(report: dict) -> str:
                                                           if "tau" in r else r["error"]))
     if report.get("template_check"):
         lines.append("")
+    if report.get("by_context"):
+        from eagle_eval.results.context import render
+        lines += render(report["by_context"]) + [""]
     if report.get("fingerprint"):
         from eagle_eval.diagnose.feature_prints import render_fingerprint
         lines += [render_fingerprint(report["fingerprint"]), ""]
