@@ -785,8 +785,22 @@ def test_csv_and_plot_of_results_without_an_acceptance_table(saved, tmp_path):
     assert groups[:3] == table and len(groups) > 3
     assert "holds no acceptance table" in _one_error(_cli(["report", str(saved["ablation"]), "--csv",
                                                            str(tmp_path / "a.csv")]))
-    assert "--plot draws runs" in _one_error(_cli(["report", str(saved["profile"]), "--plot",
-                                                   str(tmp_path / "p.png")]))
+    assert "--plot draws runs" in _one_error(_cli(["report", str(saved["ablation"]), "--plot",
+                                                   str(tmp_path / "a.png")]))
+
+
+def test_plot_of_a_profile_draws_its_acceptance_by_context(saved, tmp_path):
+    """A profile holds no decode to draw curves of: --plot draws its per-start expectation by context (one row of
+    panels); beside a run, the run's curves and both sections' context panels (two rows)."""
+    from PIL import Image
+
+    res = _cli(["report", str(saved["profile"]), "--plot", str(tmp_path / "p.png")])
+    assert res.exit_code == 0, res.output
+    one = Image.open(tmp_path / "p.png").size
+    res = _cli(["report", str(saved["run"]), str(saved["profile"]), "--plot", str(tmp_path / "rp.png")])
+    assert res.exit_code == 0, res.output
+    two = Image.open(tmp_path / "rp.png").size
+    assert one[0] == two[0] and 1.8 < two[1] / one[1] < 2.2
 
 
 # -- ablate's advice: intervals from repeated timings, undecided when they overlap, never impossible ------

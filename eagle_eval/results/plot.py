@@ -103,8 +103,9 @@ def context_panels(tau_ax, rate_ax, named: list[tuple[str, dict]]) -> None:
         for t in sorted(trains):
             ax.axvline(t, color="grey", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("context: the cycle's root position (prompt + generated before it)")
-    tau_ax.set_ylabel("tau (accepted + 1 per cycle)")
+        ax.set_xlabel("context: the cycle's (or start's) root position (prompt + generated before it)")
+    starts = any(section.get("kind") == "starts" for _, section in named)
+    tau_ax.set_ylabel("tau (accepted + 1 per cycle" + ("; a profile: expected per start)" if starts else ")"))
     tau_ax.set_title("tau by context (95% interval over prompts" + ("; dashed: --train-context)" if trains else ")"))
     rate_ax.set_ylabel("u_i = P(>= i drafts accepted)")
     rate_ax.set_ylim(0, 1.05)
@@ -115,19 +116,28 @@ def context_panels(tau_ax, rate_ax, named: list[tuple[str, dict]]) -> None:
 
 def plot_results(results: list[Result], path: str | Path) -> None:
     """Runs and server-checks (per-position curves and tau by category; by context too, where the results hold
-    it); other kinds are refused."""
-    other = [r for r in results if getattr(r, "kind", "run") not in ("run", "server_check")]
+    it); profiles by context (their per-start expectation: a profile holds no decode to draw curves of);
+    other kinds are refused."""
+    kinds = [getattr(r, "kind", "run") for r in results]
+    other = [r for r, k in zip(results, kinds) if k not in ("run", "server_check", "profile")]
     if other:
-        raise ConfigError(f"--plot: {other[0].label} is {other[0].kind.replace('_', '-')} results; --plot draws runs "
-                          "and server-checks (`eagle-eval ablate` writes its own ablation.png)")
-    plt = _pyplot()
+        raise ConfigError(f"--plot: {other[0].label} is {other[0].kind.replace('_', '-')} results; --plot draws runs, "
+                          "server-checks and profiles' acceptance by context (`eagle-eval ablate` writes its own "
+                          "ablation.png)")
+    decodes = [r for r, k in zip(results, kinds) if k != "profile"]
     named = context_sections(results)
-    fig, axes = plt.subplots(2 if named else 1, 2, figsize=(12, 9 if named else 4.5), squeeze=False)
+    if not decodes and not named:
+        raise ConfigError(f"--plot: {results[0].label} is a profile without acceptance by context (written before "
+                          "it existed): re-bucket it with --context-buckets, or plot runs")
+    plt = _pyplot()
+    rows = (1 if decodes else 0) + (1 if named else 0)
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 4.5 * rows), squeeze=False)
     try:
-        _curves(axes[0][0], results)
-        _tau_bars(axes[0][1], results)
+        if decodes:
+            _curves(axes[0][0], decodes)
+            _tau_bars(axes[0][1], decodes)
         if named:
-            context_panels(axes[1][0], axes[1][1], named)
+            context_panels(axes[-1][0], axes[-1][1], named)
         fig.tight_layout()
         _save_png(fig, path)
     finally:
