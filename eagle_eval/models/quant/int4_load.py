@@ -182,7 +182,9 @@ def hold_packed(model, entries: dict[str, Entry], scheme: Int4Scheme, dtype: tor
     """Swap, in `model` (on the meta device), every module the checkpoint ships packed for its packed form
     (the module contract). The checks read the headers and the weight_shape values only (`shapes`, when
     given, are those values)."""
-    names = sorted(k.removesuffix(".weight_packed") for k in entries if k.endswith(".weight_packed"))
+    ignore = not_the_models(model)
+    names = sorted(k.removesuffix(".weight_packed") for k in entries
+                   if k.endswith(".weight_packed") and not any(p.search(k) for p in ignore))
     if shapes is None:
         shapes = _weight_shapes(entries, [f"{n}.weight_shape" for n in names if f"{n}.weight_shape" in entries])
     modules = dict(model.named_modules())
@@ -208,16 +210,30 @@ def hold_packed(model, entries: dict[str, Entry], scheme: Int4Scheme, dtype: tor
     return HeldPacked(tuple(linears), tuple(sorted(fused)), expert_linears)
 
 
-def check_keys(model, entries: dict[str, Entry], folder: Path) -> None:
-    """Strict: every tensor of the (packed) model has a checkpoint tensor of its shape and every checkpoint
-    tensor is the model's (bar the class's `_keys_to_ignore_on_load_unexpected`, e.g. DeepSeek-V3's MTP layer)."""
+def not_the_models(model) -> list:
+    """Patterns of the checkpoint keys a model does not hold by design: its class's
+    `_keys_to_ignore_on_load_unexpected` (transformers': DeepSeek-V3's MTP layer as layer 61, Qwen3-Next's `mtp.`)
+    and the MTP layers its config counts (`num_nextn_predict_layers` n: decoder layers N .. N + n - 1, the
+    DeepSeek-V3 / Kimi layout), which `--draft mtp` reads on its own, as strictly (heads/mtp/load.py)."""
     import re
 
+    patterns = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    n, big_n = getattr(text, "num_nextn_predict_layers", 0), getattr(text, "num_hidden_layers", None)
+    if isinstance(n, int) and not isinstance(n, bool) and n > 0 and isinstance(big_n, int):
+        patterns.append(re.compile(rf"(?:^|\.)layers\.(?:{'|'.join(str(big_n + i) for i in range(n))})\."))
+    return patterns
+
+
+def check_keys(model, entries: dict[str, Entry], folder: Path) -> None:
+    """Strict: every tensor of the (packed) model has a checkpoint tensor of its shape and every checkpoint
+    tensor is the model's (bar `not_the_models`: the class's ignored keys and the MTP layers)."""
     from accelerate.utils import find_tied_parameters
 
     state = model.state_dict(keep_vars=True)
     tied = {n for group in find_tied_parameters(model) for n in group}
-    ignore = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    ignore = not_the_models(model)
     missing = sorted(k for k in state if k not in entries and not (k in tied and any(t in entries for t in tied)))
     if missing:
         raise Int4Error(f"{folder}: the checkpoint has no tensor {missing[0]!r} ({len(missing)} missing), which "
