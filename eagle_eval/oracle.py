@@ -122,7 +122,9 @@ def load_models(model: ModelSettings) -> Loaded:
                                     fp8_matmul=model.fp8_matmul, revision=model.revision)
     head = load_head(model.draft, allow_unknown_keys=model.allow_unknown_head_keys, revision=model.draft_revision,
                      target=target)
-    head.head.to(device=target.output_device, dtype=target.model.dtype)
+    from eagle_eval.models.quant.info import place
+
+    place(head.head, target.output_device, target.model.dtype)     # a held-quantized head keeps its narrow weights
     return Loaded(model=model, dtype=dtype, target=target, tokenizer=tokenizer, head=head,
                   eos_ids=frozenset(_eos_ids(tokenizer, target.model)))
 

@@ -8,6 +8,8 @@ the model. Two layouts are named: block-wise FP8 (DeepSeek-V3 / Kimi-K2 native: 
 `quant_method: compressed-tensors`, `<module>.weight_packed` + `weight_scale` for pack-quantized int).
 A module counts as quantized in the checkpoint when it ships a scale companion next to its weight;
 every other module with a 2-D or larger weight is listed as left unquantized.
+`place(module, device, dtype)` is `module.to(device, dtype)` for a module that may hold quantized weights (an MTP
+layer held as its target is): the narrow weights and the scales of held modules keep their dtype.
 """
 
 from __future__ import annotations
@@ -69,12 +71,36 @@ def _scheme(qc: dict) -> dict:
     return {"method": str(method)}
 
 
+def holds_quantized(module) -> bool:
+    """Whether `module`'s own weights are stored narrow (fp8, packed int) or packed."""
+    own = dict(module.named_parameters(recurse=False))
+    return "weight_packed" in own or any(p.dtype in NARROW and p.dim() >= 2 for p in own.values())
+
+
+def place(module, device, dtype: torch.dtype) -> None:
+    """Move every tensor of `module` to `device` and cast its floating-point tensors to `dtype`, except what a held
+    quantized module keeps: its narrow weights (float8, packed int) and its scales, as the target keeps them
+    (transformers' FP8 scales float32, compressed-tensors' the checkpoint's dtype). nn.Module.to(dtype) would cast
+    float8 weights too: float8 is a floating-point dtype."""
+    for m in module.modules():
+        held = holds_quantized(m)
+        for store in (m._parameters, m._buffers):
+            for name, t in store.items():
+                if t is None:
+                    continue
+                keep = not t.is_floating_point() or (held and (t.dtype in NARROW or "scale" in name))
+                moved = t.data.to(device=device, dtype=None if keep else dtype)
+                if store is m._parameters:
+                    t.data = moved
+                else:
+                    store[name] = moved
+
+
 def held_quantized(model) -> int:
     """Modules of the loaded model whose weights are still stored narrow (fp8, packed int) or packed."""
     held = 0
     for module in model.modules():
-        own = dict(module.named_parameters(recurse=False))
-        if "weight_packed" in own or any(p.dtype in NARROW and p.dim() >= 2 for p in own.values()):
+        if holds_quantized(module):
             held += 1
     return held
 
