@@ -149,7 +149,7 @@ def train_mtp(path: Path, prompts: list[list[int]], convention: str = "vllm", st
     from safetensors.torch import load_file, save_file
 
     from eagle_eval.heads.mtp.load import load_from_target
-    from eagle_eval.heads.mtp.load import checkpoint_tensors
+    from eagle_eval.heads.mtp.keys import checkpoint_tensors
     from eagle_eval.heads.mtp.wire import tap
     from eagle_eval.heads.mtp.conventions import CONVENTIONS, planted as plant
     from eagle_eval.heads.mtp.model import MTPDraft

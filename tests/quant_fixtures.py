@@ -10,6 +10,8 @@
   every decoder projection, so that the loaded model holds packed Linear modules.
 - `make_kimi_int4_target`: the same INT4 experts in a Kimi-K2.5-style remote-code wrapper, with fused
   expert tensors or one module per expert (the original remote code's layout).
+- `fp8_compress` / `int4_compress`: an existing checkpoint (e.g. a target with an MTP layer, tests/mtp_fixtures.py)
+  rewritten in either format.
 - `write_int4_dequantized_copy`: compressed-tensors' own decompression of such a target, as a plain
   fp32 checkpoint (the reference the packed model is compared with).
 The MLA dims are multiples of the block/group size (see docs/quantized.md for why).
@@ -28,6 +30,8 @@ from fixtures import make_target
 DSV3 = dict(q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=8, v_head_dim=12)
 PROJ = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\..*proj\w*\.weight$")   # gate = router: left out
 EXPERT = re.compile(r"model\.layers\.\d+\.mlp\.experts\.\d+\.\w+_proj\.weight$")
+# every projection and an MTP layer's fusion projection (DeepSeek-V3 ships eh_proj FP8 too)
+PROJ_AND_EH = re.compile(PROJ.pattern + r"|model\.layers\.\d+\.eh_proj\.weight$")
 
 
 def fp8_block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +70,21 @@ def make_fp8_target(path: Path, block: tuple[int, int] = (16, 16), num_layers: i
     out = {}
     for key, w in load_file(path / "model.safetensors").items():
         if PROJ.match(key):
+            out[key], out[key.removesuffix("weight") + "weight_scale_inv"] = fp8_block_quantize(w, block)
+        else:
+            out[key] = w
+    return _rewrite(path, out, {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                "weight_block_size": list(block)})
+
+
+def fp8_compress(path: Path, pattern: re.Pattern, block: tuple[int, int]) -> Path:
+    """Rewrite the checkpoint at `path` with every weight whose key `pattern` finds stored block FP8 (with its
+    weight_scale_inv), and the quantization_config of a DeepSeek-V3 native FP8 checkpoint."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for key, w in load_file(path / "model.safetensors").items():
+        if pattern.search(key):
             out[key], out[key.removesuffix("weight") + "weight_scale_inv"] = fp8_block_quantize(w, block)
         else:
             out[key] = w

@@ -68,3 +68,32 @@ def test_dequantization_on_the_gpu_equals_the_formula():
         assert torch.equal(got.cpu(), expected), shape
         assert torch.equal(dequantize_blocks(q.cuda(), scale.cuda(), (16, 16), torch.bfloat16).cpu(),
                            expected.to(torch.bfloat16)), shape
+
+
+def test_an_mtp_layer_beside_a_held_fp8_target_is_held_the_same_on_the_gpu(built):
+    """A DeepSeek-V3 FP8 target with an MTP layer (every projection FP8, eh_proj too) on cuda:0: the MTP layer is
+    held FP8 as the target is; with the dequantizing matmul the run equals the dequantized copy's (fp32: the same
+    weights), and under `auto` the MTP layer's matmul is the one the target's resolved to (the kernel where it
+    loads: W8A8, so no equality with the copy is asserted there)."""
+    from mtp_fixtures import make_mtp_target
+    from mtp_fixtures import write_prompts as write_mtp_prompts
+    from quant_fixtures import PROJ_AND_EH, fp8_compress
+
+    root = built["root"]
+    fp8 = fp8_compress(make_mtp_target(root / "mtp-fp8", "deepseek_v3"), PROJ_AND_EH, (8, 8))
+    plain = write_dequantized_copy(fp8, root / "mtp-fp8-plain", (8, 8))
+    prompts = write_mtp_prompts(root / "mtp-prompts.jsonl", n=4)
+
+    def run(target, matmul):
+        return api.evaluate(Settings.of(target=str(target), draft="mtp", prompts=str(prompts), dtype="fp32",
+                                        num_steps=2, max_new_tokens=12, device_map="cuda:0", fp8_matmul=matmul),
+                            progress=False)
+    held, ref = run(fp8, "dequantize"), run(plain, "auto")
+    assert held.report["config"]["head"]["mtp"]["weights"].startswith("held FP8 as the target's: 8 FP8Linear, 1 "
+                                                                      "FP8Experts")
+    assert [(s.output_ids, s.accepted_per_cycle) for s in held.samples] == \
+        [(s.output_ids, s.accepted_per_cycle) for s in ref.samples]
+    auto = run(fp8, "auto")
+    matmul = auto.report["config"]["target"]["quantization"]["fp8_matmul"]["matmul"]
+    assert auto.report["config"]["head"]["mtp"]["weights"].endswith(
+        "transformers' FP8 kernel (W8A8)" if matmul == "kernel" else "eagle-eval's dequantizing matmul (W8A16)")

@@ -235,6 +235,8 @@ def _mtp_lines(mtp: dict) -> list[str]:
              f"convention: {words(c)}"]
     for engine, e in mtp["engines"].items():
         lines.append(f"  {engine:<13} " + (f"refuses: {e['refuses']}" if e["refuses"] else words(e)))
+    if mtp.get("weights"):
+        lines.append(f"  {'weights':<13} {mtp['weights']}")
     return lines
 
 

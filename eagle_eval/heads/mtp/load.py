@@ -1,25 +1,26 @@
 """Reading the MTP layers from the TARGET's own checkpoint, strictly (`--draft mtp`).
 
-Contract: `load_from_target(target)` -> heads/io.py LoadedHead whose head is a heads/mtp/model.py `MTPStack`: every tensor of the n MTP layers (heads/mtp/layouts.py) is mapped to
-one parameter, its shape checked, and every parameter comes from one tensor; a missing, unexpected or mis-shaped
-tensor is a CheckpointError naming the file, the key and both shapes. Routed experts stored one per key (the hub
-form: `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`) are stacked into the family's fused `gate_up_proj`
-[E, 2I, H] and `down_proj` [E, H, I], as transformers' own conversion does; stored fused, they are read as they are.
-A layer's own `embed_tokens` / `shared_head.head` (DeepSeek, GLM) are read, their shapes checked, and compared with
-the target's (`checkpoint_tensors` is the writer, the tests' and an export's): no engine uses them (vLLM `_maybe_share_embeddings` / `_maybe_share_lm_head`, SGLang
-`set_embed_and_head`, transformers `MtpModel.tie_with_main_model`), so a difference is a note, not an error.
-Quantized MTP tensors are held as the target's weights are, or refused with the reason: block-FP8 tensors (with
-their `weight_scale_inv`) are dequantized when transformers dequantized the target on load (the CPU); an FP8-held
-target (GPU), compressed-tensors INT4 (`weight_packed`) or a quantized MTP tensor in a target that is not block FP8
-is refused.
+Contract: `load_from_target(target)` -> heads/io.py LoadedHead whose head is a heads/mtp/model.py `MTPStack`: every
+tensor of the n MTP layers (heads/mtp/layouts.py) is mapped to one parameter (heads/mtp/keys.py), its shape and
+dtype checked, and every parameter comes from one tensor; a missing, unexpected or mis-shaped tensor is a
+CheckpointError naming the file, the key and both shapes. Routed experts are read one per key (the hub form) and
+stacked as transformers does, or read fused as they are. A layer's own `embed_tokens` / `shared_head.head`
+(DeepSeek, GLM) are read, their shapes checked, and compared with the target's: no engine uses them (vLLM
+`_maybe_share_embeddings` / `_maybe_share_lm_head`, SGLang `set_embed_and_head`, transformers
+`MtpModel.tie_with_main_model`), so a difference is a note, not an error. Quantized MTP tensors are held as the
+target's weights are, by the same code, or refused with the reason (heads/mtp/quant.py): block FP8 dequantized on
+load where transformers dequantized the target (the CPU), held FP8 in transformers' FP8Linear / FP8Experts where
+the target is (the GPU path) and run by the target's --fp8-matmul; compressed-tensors pack-quantized INT4 held
+packed (PackedInt4Linear / PackedInt4Experts) as the target is. The stack is built on the meta device and every
+tensor assigned from the checkpoint. `load_export` reads an MTP layer exported alone; `meta_stack` builds one for
+`plan`.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,12 +28,9 @@ import torch
 from eagle_eval.heads.eagle3.config import CheckpointError
 from eagle_eval.heads.mtp.layouts import DEEPSEEK, GLM, LAYOUTS, QWEN3_NEXT, count_section
 from eagle_eval.heads.mtp.model import MTPConfig, MTPStack
+from eagle_eval.heads.mtp.keys import KeyMap, per_expert, stack_experts
+from eagle_eval.heads.mtp.quant import Holding
 from eagle_eval.models.files import read_json_file, safetensors_header
-
-FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
-QUANTIZED_SUFFIXES = ("weight_scale_inv", "weight_packed", "weight_scale", "weight_shape", "input_scale")
-EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
-
 
 @dataclass(frozen=True)
 class Tensor:
@@ -90,109 +88,20 @@ def layer_count(config: dict, config_file: Path, family: str) -> int:
     return n
 
 
-class KeyMap:
-    """Checkpoint key <-> MTPStack parameter name for one target (module contract)."""
-
-    def __init__(self, family: str, decoder: str, num_target_layers: int, n: int):
-        self.layout, self.decoder, self.big_n, self.n = LAYOUTS[family], decoder, num_target_layers, n
-        self.prefixes = [self.layout.block(decoder, num_target_layers, i) for i in range(n)]
-
-    def fixed(self) -> dict[str, str]:
-        """The fusion and output-norm tensors: checkpoint key -> parameter name."""
-        out, lay = {}, self.layout
-        for i in range(1 if lay.shared else self.n):
-            where = lay.fusion_prefix or self.prefixes[i]
-            for stem, name in zip(lay.fusion, ("emb_norm", "hidden_norm", "proj")):
-                out[f"{where}{stem}.weight"] = f"fusions.{i}.{name}.weight"
-            out[f"{where}{lay.out_norm}.weight"] = f"out_norms.{i}.weight"
-        return out
-
-    def unused(self) -> dict[str, int]:
-        """A layer's own embedding / head (no engine uses them): checkpoint key -> layer."""
-        return {f"{p}{stem}.weight": i for i, p in enumerate(self.prefixes) for stem in self.layout.unused}
-
-    def owner(self, key: str) -> int | None:
-        """The MTP layer a block key belongs to, or None."""
-        return next((i for i, p in enumerate(self.prefixes) if key.startswith(p)), None)
-
-    def in_mtp_space(self, key: str) -> bool:
-        """Keys of an MTP layer this config does not count (a layer index >= n) or of the shared `mtp.` tree."""
-        lay = self.layout
-        if lay.shared:
-            return key.startswith(lay.fusion_prefix)
-        base = lay.block_prefix.split("{")[0].format()
-        if lay.block_prefix.startswith("{decoder}"):
-            m = re.match(re.escape(self.decoder) + r"\.(\d+)\.", key)
-            return m is not None and int(m.group(1)) >= self.big_n
-        return key.startswith(base)
-
-    def checkpoint_name(self, name: str, expert: int = 0, proj: str | None = None) -> str:
-        """The checkpoint key a parameter is read from (fused experts: expert `expert`'s `proj`, by default its
-        gate_proj / down_proj)."""
-        inverse = {v: k for k, v in self.fixed().items()}
-        if name in inverse:
-            return inverse[name]
-        _, i, rest = name.split(".", 2)
-        for fused, first in ((".experts.gate_up_proj", "gate_proj"), (".experts.down_proj", "down_proj")):
-            if rest.endswith(fused):
-                return f"{self.prefixes[int(i)]}{rest[: -len(fused)]}.experts.{expert}.{proj or first}.weight"
-        return self.prefixes[int(i)] + rest
-
-
-def checkpoint_tensors(stack: MTPStack, decoder: str = "model.layers") -> dict[str, torch.Tensor]:
-    """The writer: an MTPStack's parameters under the checkpoint names they are read from (experts one per key, the
-    hub form), so that `read_stack` of them gives the stack back."""
-    cfg = stack.config
-    keys = KeyMap(cfg.family, decoder, cfg.target_layers, cfg.num_layers)
-    out = {}
-    for name, t in stack.state_dict().items():
-        t = t.detach()
-        if name.endswith(".experts.gate_up_proj"):
-            for e in range(t.shape[0]):
-                gate, up = t[e].chunk(2, dim=0)
-                out[keys.checkpoint_name(name, e, "gate_proj")] = gate
-                out[keys.checkpoint_name(name, e, "up_proj")] = up
-        elif name.endswith(".experts.down_proj"):
-            for e in range(t.shape[0]):
-                out[keys.checkpoint_name(name, e)] = t[e]
-        else:
-            out[keys.checkpoint_name(name)] = t
-    return {k: v.contiguous().clone() for k, v in out.items()}
-
-
-@dataclass(frozen=True)
-class Fp8:
-    """How the target holds its block-FP8 weights, and so the MTP layer's: `block` when transformers dequantized the
-    target on load (its CPU path), the MTP layer then dequantized the same way; `refusal` when the target is held in
-    FP8 (on a GPU), which this loader does not do for an MTP layer."""
-    block: tuple[int, int] | None
-    refusal: str | None = None
-
-
-def _refuse_quantized(key: str, t: Tensor, fp8: Fp8 | None) -> None:
-    if t.dtype == "F8_E4M3" and fp8 is not None and fp8.block is not None:
-        return
-    if key.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES or t.dtype not in FLOATS:
-        why = (fp8.refusal if fp8 is not None and fp8.refusal else
-               "eagle-eval reads a quantized MTP layer only as the target holds its own: block FP8 dequantized on "
-               "load, as transformers dequantizes the target on the CPU")
-        raise CheckpointError(f"{t.file}: MTP tensor {key!r} is stored {t.dtype}"
-                              + (" (a quantization scale or packed weight)" if t.dtype in FLOATS else "")
-                              + f": {why}; use a checkpoint whose MTP layers are unquantized (SGLang keeps some "
-                              "unquantized: models/qwen3_5_mtp.py _mtp_quant_config)")
-
-
-def _dequantize(tensors: dict, index: dict[str, Tensor], fp8: Fp8 | None, dtype: torch.dtype) -> None:
+def _dequantize(tensors: dict, index: dict[str, Tensor], holding: Holding, dtype: torch.dtype) -> int:
     """Block-FP8 weights (in place): W = fp8 * weight_scale_inv per block (models/quant/fp8.py dequantize_blocks, the
-    formula transformers applies to the target)."""
+    formula transformers applies to the target); returns how many."""
     from eagle_eval.models.quant.fp8 import dequantize_blocks
 
+    done = 0
     for key in [k for k, t in tensors.items() if t.dtype == torch.float8_e4m3fn]:
         scale_key = key + "_scale_inv"
         if scale_key not in index:
             raise CheckpointError(f"{index[key].file}: MTP tensor {key!r} is float8_e4m3fn without its "
                                   f"{scale_key!r}")
-        tensors[key] = dequantize_blocks(tensors[key], _read(index, [scale_key])[scale_key], fp8.block, dtype)
+        tensors[key] = dequantize_blocks(tensors[key], _read(index, [scale_key])[scale_key], holding.block, dtype)
+        done += 1
+    return done
 
 
 def _read(index: dict[str, Tensor], keys) -> dict[str, torch.Tensor]:
@@ -209,105 +118,112 @@ def _read(index: dict[str, Tensor], keys) -> dict[str, torch.Tensor]:
     return out
 
 
-def _stack_experts(state: dict[str, torch.Tensor], origin: dict[str, str], expected: dict) -> None:
-    """Per-expert checkpoint tensors -> the fused parameters the family's experts module holds (in place)."""
-    groups = defaultdict(dict)
-    for name in [n for n in state if EXPERT.match(n)]:
-        m = EXPERT.match(name)
-        groups[m["head"]].setdefault(m["proj"], {})[int(m["e"])] = (state.pop(name), origin.pop(name))
-    for head, projs in groups.items():
-        if f"{head}.gate_up_proj" not in expected:
-            key = next(iter(next(iter(projs.values())).values()))[1]
-            raise CheckpointError(f"{key}: per-expert tensor, but the block's experts module has no fused "
-                                  f"gate_up_proj ({head}): an unexpected tensor for this family")
-        count = expected[f"{head}.gate_up_proj"][0]
-        sample = next(iter(next(iter(projs.values())).values()))[1]
-        where = sample.rsplit(".", 3)[0]                      # the checkpoint's "...mlp.experts"
-        if f"{head}.gate_up_proj" in state or f"{head}.down_proj" in state:
-            raise CheckpointError(f"{where}: the experts are stored both fused ({where}.gate_up_proj) and one per "
-                                  f"key ({sample}): which to read is ambiguous")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            got = projs.get(proj, {})
-            missing = [e for e in range(count) if e not in got]
-            extra = [e for e in got if e >= count]
-            if missing:
-                raise CheckpointError(f"missing MTP tensor '{where}.{missing[0]}.{proj}.weight' (experts {missing[:4]} "
-                                      f"of {proj} absent; the config has {count} routed experts)")
-            if extra:
-                raise CheckpointError(f"unexpected MTP tensor '{where}.{extra[0]}.{proj}.weight': the config has "
-                                      f"{count} routed experts")
-        gate_up = [torch.cat([projs["gate_proj"][e][0], projs["up_proj"][e][0]], dim=0) for e in range(count)]
-        if len({tuple(t.shape) for t in gate_up + [projs["down_proj"][e][0] for e in range(count)]}) > 2:
-            shapes = sorted({tuple(projs[p][e][0].shape) for p in projs for e in range(count)})
-            raise CheckpointError(f"{projs['gate_proj'][0][1]}: the experts' tensors disagree in shape ({shapes})")
-        state[f"{head}.gate_up_proj"] = torch.stack(gate_up)
-        state[f"{head}.down_proj"] = torch.stack([projs["down_proj"][e][0] for e in range(count)])
-        origin[f"{head}.gate_up_proj"] = projs["gate_proj"][0][1]
-        origin[f"{head}.down_proj"] = projs["down_proj"][0][1]
+def _stored(index: dict[str, Tensor], state_keys: dict[str, str], holding: Holding | None):
+    """(stack name -> (file, dtype, shape) of each MTP tensor as stored; INT4: stack name -> weight_shape values)."""
+    stored = {state_keys[k]: (index[k].file, index[k].dtype, index[k].shape) for k in state_keys}
+    shape_keys = [k for k in state_keys if k.endswith(".weight_shape")] if holding is not None else []
+    values = {state_keys[k]: [int(v) for v in t.flatten().tolist()] for k, t in _read(index, shape_keys).items()}
+    return stored, values
 
 
-def read_stack(folder: Path, family: str, cfg: MTPConfig, block_class, decoder: str, config_file: Path,
-               fp8: Fp8 | None = None) -> tuple[MTPStack, dict, list[str]]:
-    """(the loaded MTPStack, {unused key: tensor}, notes): every MTP tensor of the checkpoint read strictly; block-FP8
-    tensors dequantized when `fp8` says the target was (their weight_scale_inv read with them)."""
-    index = checkpoint_index(folder)
-    keys = KeyMap(family, decoder, cfg.target_layers, cfg.num_layers)
-    stack = MTPStack(cfg, block_class)
-    expected = {k: tuple(v.shape) for k, v in stack.state_dict().items()}
-    fixed, unused = keys.fixed(), keys.unused()
-    state_keys, origin = {}, {}
+@dataclass(frozen=True)
+class Source:
+    """Where the MTP layers are read from, for the messages: the folder, its index, the key map, the config."""
+    folder: Path
+    index: dict
+    keys: KeyMap
+    cfg: MTPConfig
+    config_file: Path
+
+
+def _keys_read(src: Source, dequantizing: bool) -> dict[str, str]:
+    """checkpoint key -> stack tensor name of every MTP tensor read (a block-FP8 scale dequantized with its weight is
+    read with it); a key in the MTP layers' space that is none of theirs is refused."""
+    index, keys, cfg = src.index, src.keys, src.cfg
+    unused, state_keys = keys.unused(), {}
     for key in index:
-        if key in fixed:
-            state_keys[key] = fixed[key]
-        elif key in unused:
+        if key in unused:
             continue
-        elif key.endswith(".weight_scale_inv") and fp8 is not None and fp8.block is not None \
+        if dequantizing and key.endswith(".weight_scale_inv") \
                 and index.get(key.removesuffix("_scale_inv"), Tensor(None, "", ())).dtype == "F8_E4M3":
             continue                                       # read with its weight (_dequantize)
-        elif (i := keys.owner(key)) is not None:
-            state_keys[key] = f"blocks.{i}.{key[len(keys.prefixes[i]):]}"
+        if (name := keys.parameter(key)) is not None:
+            state_keys[key] = name
         elif keys.in_mtp_space(key):
-            raise CheckpointError(f"{index[key].file}: unexpected MTP tensor {key!r}: {config_file} counts "
+            raise CheckpointError(f"{index[key].file}: unexpected MTP tensor {key!r}: {src.config_file} counts "
                                   f"{cfg.num_layers} MTP layer(s) ({cfg.layout.count_key}), and this key is none "
                                   "of theirs")
     if not state_keys:
-        raise CheckpointError(f"{folder}: no MTP layer weights in the checkpoint (expected e.g. "
-                              f"{keys.checkpoint_name('fusions.0.proj.weight')!r}); {config_file} says "
+        raise CheckpointError(f"{src.folder}: no MTP layer weights in the checkpoint (expected e.g. "
+                              f"{keys.checkpoint_name('fusions.0.proj.weight')!r}); {src.config_file} says "
                               f"{cfg.layout.count_key} = {cfg.num_layers}. The checkpoint may have been exported or "
                               "quantized without its MTP layers")
-    for key in list(state_keys) + [k for k in unused if k in index]:
-        _refuse_quantized(key, index[key], fp8)
-    tensors = _read(index, state_keys)
-    _dequantize(tensors, index, fp8, torch.float32)
-    state = {state_keys[k]: v for k, v in tensors.items()}
-    origin = {state_keys[k]: k for k in tensors}
-    _stack_experts(state, origin, expected)
-    for name, shape in expected.items():
+    return state_keys
+
+
+def _load(stack: MTPStack, state: dict, origin: dict, expected: dict, src: Source) -> None:
+    """Every tensor to its parameter, checked: present, expected, its shape, its dtype (a quantized tensor goes only
+    where the module holds it quantized; a float one is cast to the parameter's float dtype)."""
+    folder, index, keys, cfg, config_file = src.folder, src.index, src.keys, src.cfg, src.config_file
+    for name, (shape, _) in expected.items():
         if name not in state:
             key = keys.checkpoint_name(name)
             raise CheckpointError(f"{folder}: missing MTP tensor {key!r} (expected shape "
-                                  f"{_per_expert(name, shape)}; {config_file} counts {cfg.num_layers} MTP layer(s))")
+                                  f"{per_expert(name, shape)}; {config_file} counts {cfg.num_layers} MTP layer(s))")
+    narrow = (torch.float8_e4m3fn, torch.float8_e5m2)
+    out = {}
     for name, t in state.items():
+        file = index[origin[name]].file
         if name not in expected:
-            raise CheckpointError(f"{index[origin[name]].file}: unexpected MTP tensor {origin[name]!r}: the "
+            raise CheckpointError(f"{file}: unexpected MTP tensor {origin[name]!r}: the "
                                   f"{cfg.block_class} block built from {config_file} has no such parameter")
-        if tuple(t.shape) != expected[name]:
-            raise CheckpointError(f"{index[origin[name]].file}: MTP tensor {origin[name]!r} has shape "
-                                  f"{list(_per_expert(name, tuple(t.shape)))}, expected "
-                                  f"{list(_per_expert(name, expected[name]))} (from {config_file})")
-    dtype = next(iter(stack.parameters())).dtype
-    stack.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+        shape, dtype = expected[name]
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"{file}: MTP tensor {origin[name]!r} has shape "
+                                  f"{list(per_expert(name, tuple(t.shape)))}, expected "
+                                  f"{list(per_expert(name, shape))} (from {config_file})")
+        if t.dtype != dtype and (t.dtype in narrow or dtype in narrow or not t.is_floating_point()
+                                 or not dtype.is_floating_point):
+            raise CheckpointError(f"{file}: MTP tensor {origin[name]!r} is {str(t.dtype).removeprefix('torch.')}, "
+                                  f"where the target's way of holding it needs {str(dtype).removeprefix('torch.')} "
+                                  "(a module stored quantized in part, or otherwise than the target's)")
+        out[name] = t.to(dtype)
+    stack.load_state_dict(out, strict=True, assign=True)
+
+
+def read_stack(folder: Path, family: str, cfg: MTPConfig, block_class, decoder: str, config_file: Path,
+               holding: Holding | None = None) -> tuple[MTPStack, dict, list[str]]:
+    """(the loaded MTPStack, {unused key: tensor}, notes): every MTP tensor of the checkpoint read strictly, held as
+    `holding` says the target's weights are (heads/mtp/quant.py; None: as stored, quantized tensors refused)."""
+    from eagle_eval.heads.mtp import quant
+    from eagle_eval.models.quant.int4 import Int4Error
+
+    src = Source(Path(folder), checkpoint_index(folder), KeyMap(family, decoder, cfg.target_layers, cfg.num_layers),
+                 cfg, config_file)
+    index, keys, unused = src.index, src.keys, src.keys.unused()
+    with torch.device("meta"):                 # every tensor comes from the checkpoint (assigned on load)
+        stack = MTPStack(cfg, block_class)
+    dequantizing = holding is not None and holding.method == quant.FP8_DEQUANTIZED
+    state_keys = _keys_read(src, dequantizing)
+    for key in sorted([*state_keys, *(k for k in unused if k in index)],   # a module's weight before its scales
+                      key=lambda k: (k.rpartition(".")[0], k.rpartition(".")[2] != "weight")):
+        quant.check_stored(key, index[key].file, index[key].dtype, holding)
+    stored, weight_shapes = _stored(index, state_keys, holding)
+    try:
+        quant.swap(stack, stored, holding, weight_shapes, torch.float32)
+    except Int4Error as exc:
+        raise CheckpointError(keys.in_checkpoint_words(str(exc))) from exc
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in stack.state_dict().items()}
+    tensors = _read(index, state_keys)
+    dequantized = _dequantize(tensors, index, holding, torch.float32) if dequantizing else 0
+    state = {state_keys[k]: v for k, v in tensors.items()}
+    origin = {state_keys[k]: k for k in tensors}
+    stack_experts(state, origin, {k: shape for k, (shape, _) in expected.items()})
+    _load(stack, state, origin, expected, src)
+    quant.finish(stack, holding)
+    stack.config = replace(cfg, weights=quant.describe(stack, holding, dequantized))
     present = {k: v for k, v in _read(index, [k for k in unused if k in index]).items()}
     return stack.eval(), present, []
-
-
-def _per_expert(name: str, shape: tuple) -> tuple:
-    """A fused experts shape as the checkpoint's one-expert tensor shows it (gate_up: [2I, H] -> gate [I, H])."""
-    if name.endswith(".experts.gate_up_proj") and len(shape) == 3:
-        return (shape[1] // 2, shape[2])
-    if name.endswith(".experts.down_proj") and len(shape) == 3:
-        return tuple(shape[1:])
-    return shape
 
 
 def _compare_unused(present: dict, target) -> list[str]:
@@ -380,24 +296,10 @@ def load_export(path: Path, config_file: Path, config: dict):
                       d2t_in_checkpoint=False, key_notes=tuple(notes))
 
 
-def _fp8_of(target, folder: Path) -> Fp8 | None:
-    """How a block-FP8 target holds its weights (None: not a block-FP8 checkpoint)."""
-    from eagle_eval.models.quant.fp8 import held_fp8_modules
-    from eagle_eval.models.quant.info import checkpoint_quantization_config
-
-    qc = checkpoint_quantization_config(folder) or {}
-    if qc.get("quant_method") != "fp8" or not qc.get("weight_block_size"):
-        return None
-    linears, experts = held_fp8_modules(target.model)
-    if linears or experts:
-        return Fp8(None, f"the target is held in FP8 here ({len(linears) + len(experts)} FP8 modules, transformers' "
-                         "GPU path); an MTP layer held in FP8 beside it is not implemented")
-    return Fp8(tuple(qc["weight_block_size"]))
-
-
 def load_from_target(target):
     """The MTP layers of the loaded `target`'s own checkpoint -> heads/io.py LoadedHead (head: MTPStack)."""
     from eagle_eval.heads.io import LoadedHead
+    from eagle_eval.heads.mtp.quant import holding_of
 
     if target is None or not target.info.path:
         raise CheckpointError("--draft mtp reads the MTP layers from the target's checkpoint folder: a target loaded "
@@ -409,7 +311,8 @@ def load_from_target(target):
                   target.info.hidden_size, target.info.vocab_size, block_class)
     family = cfg.family
     decoder = target.info.decoder.split(".", 1)[1]          # "model.model.layers" -> the checkpoint's "model.layers"
-    stack, unused, notes = read_stack(folder, family, cfg, block_class, decoder, config_file, _fp8_of(target, folder))
+    stack, unused, notes = read_stack(folder, family, cfg, block_class, decoder, config_file,
+                                      holding_of(target, folder))
     notes += _compare_unused(unused, target)
     return LoadedHead(head=stack, kind="mtp", dialect=family, path=str(folder), weights_file=f"{folder} (MTP layers)",
                       own_embedding=False, aux_ids_sglang=None, aux_ids_vllm=None, d2t_in_checkpoint=False,

@@ -45,6 +45,7 @@ class MTPConfig:
     text_config: object = field(default=None, compare=False, repr=False)   # the block's transformers config
     kind: str = "mtp"
     num_aux: int = 1                  # one target tensor: its last hidden state
+    weights: str = "as stored (unquantized)"    # how they are held: the target's way (heads/mtp/quant.py describe)
 
     @property
     def layout(self) -> Layout:

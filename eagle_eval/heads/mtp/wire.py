@@ -163,7 +163,8 @@ def wire_mtp(settings, loaded, target, weight_checks: dict) -> Wired:
         "family": family, "layout": layout.description, "layers": n, "target_layers": target.num_layers,
         "block": cfg.block_class, "drafting_layer": 0, "convention": conv.as_dict(),
         "engines": engines_echo(family, n, spec_s.num_steps, spec_s.topk), "positions": POSITIONS,
-        "embedding_and_head": "the target's (every engine shares them with the MTP layer)"}}
+        "embedding_and_head": "the target's (every engine shares them with the MTP layer)",
+        "weights": cfg.weights}}
     info = HeadInfo(path=loaded.path, dialect=loaded.dialect, weights=loaded.weights_file, kind="mtp", mla=None,
                     norm_before_residual=None, rope_theta=None, rope_scaling=None, variant={}, keys=None, extra=extra)
     v = cfg.vocab_size
