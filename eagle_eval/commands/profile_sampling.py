@@ -224,8 +224,8 @@ def profile_prompts_sampled(oracle, prompts, options, continuations=None, progre
     dec, tok = settings.decoding, oracle.tokenizer
     if getattr(oracle.speculator.draft_state, "run_lengths", None) is not None:     # drafts that depend on num_steps
         raise ConfigError(f"profile at --temperature {dec.temperature:g} with a {r.head.kind} draft: the expectation "
-                          "per start is not implemented for drafts that depend on num_steps (block drafters); "
-                          "`eagle-eval run` runs the loop at this temperature (every rule), and profile runs at "
+                          "per start is not implemented for drafts made by one forward per cycle (block drafters, "
+                          "P-EAGLE's parallel drafting); `eagle-eval run` runs the loop at this temperature (every rule), and profile runs at "
                           "--temperature 0")
     if continuations is not None and rule(dec.accept_rule).sampled_drafts and not options.rollouts:
         raise ConfigError(f"--responses with --accept-rule {dec.accept_rule}: the default estimate (--rollouts 0) "

@@ -32,7 +32,10 @@ import torch
 from eagle_eval.models.files import check_safetensors, read_json_file, said_by
 from eagle_eval.heads.eagle3.config import (  # noqa: F401  (CheckpointError, head_config_from_json re-exported)
     EAGLE,
+    MASK_HIDDEN_REFUSAL,
+    MASK_TOKEN_REFUSAL,
     MLA,
+    PEAGLE,
     SPECFORGE,
     SPECULATORS,
     CheckpointError,
@@ -77,7 +80,8 @@ def eagle3_dialect(config: dict) -> str | None:
     archs = archs if isinstance(archs, list) else []
     if any(a in MLA_ARCHITECTURES for a in archs):
         return MLA
-    if "Eagle3Speculator" in archs or config.get("speculators_model_type") == "eagle3" or (
+    if any(a in ("Eagle3Speculator", "PEagleSpeculator") for a in archs) or \
+            config.get("speculators_model_type") in ("eagle3", PEAGLE) or (
             "speculators_config" in config and "speculators_model_type" not in config):
         return SPECULATORS
     if any(isinstance(a, str) and a.endswith("Eagle3") for a in archs):
@@ -202,7 +206,7 @@ def check_dtype(name: str, key: str, t: torch.Tensor, file: Path) -> None:
         raise CheckpointError(f"{file}: tensor {key!r} is stored as {got}, expected {want}")
 
 
-def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) -> Eagle3Head:
+def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict, file: Path | None = None) -> Eagle3Head:
     try:
         cfg = (mla_config_from_json(config, config_file) if dialect == MLA
                else head_config_from_json(config, dialect, config_file))
@@ -210,10 +214,38 @@ def _build_head(config: dict, dialect: str, config_file: Path, tensors: dict) ->
         raise said_by(f"{config_file}: a size or setting has the wrong type", exc, CheckpointError) from exc
     if "fc.bias" in tensors:
         cfg = HeadConfig(**{**cfg.__dict__, "fc_bias": True})
+    if dialect != MLA:
+        cfg = _parallel_drafting(cfg, tensors, config_file, file)
     try:
         return build_head(cfg, with_embedding="embed_tokens.weight" in tensors)
     except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:
         raise said_by(f"{config_file}: a size or setting has the wrong type or value", exc, CheckpointError) from exc
+
+
+def _parallel_drafting(cfg: HeadConfig, tensors: dict, config_file: Path, file: Path | None) -> HeadConfig:
+    """P-EAGLE, as vLLM reads it: a speculators 'peagle' config, or an EAGLE-3 checkpoint whose weights hold
+    `mask_hidden` (served with parallel_drafting: true), drafts K slots in one forward. Either needs both the mask
+    token id and the tensor (each refused with vLLM's reason); `mask_hidden` must hold k*H_t values in a row
+    ([k*H_t], [1, k*H_t] or speculators' [1, 1, k*H_t]: vLLM reads it as view(1, -1)) and is kept as [1, k*H_t]."""
+    width = cfg.num_aux * cfg.target_hidden_size
+    t = tensors.get("mask_hidden")
+    if "mask_hidden" not in tensors:
+        if cfg.parallel_drafting:
+            raise CheckpointError(f"{config_file}: speculators_model_type 'peagle' but the weights hold no tensor "
+                                  f"'mask_hidden' (expected [1, {width}]): {MASK_HIDDEN_REFUSAL}")
+        return cfg
+    if cfg.mask_token_id is None:
+        raise CheckpointError(f"{file}: holds tensor 'mask_hidden' (a P-EAGLE head, drafted in parallel) but "
+                              f"{config_file.name} names no mask token id: {MASK_TOKEN_REFUSAL}")
+    if t is None:                                           # names only (plan's head on the meta device)
+        return HeadConfig(**{**cfg.__dict__, "parallel_drafting": True})
+    shape = list(t.shape)
+    if t.dim() == 0 or t.shape[-1] != width or any(n != 1 for n in shape[:-1]):
+        raise CheckpointError(f"{file}: tensor 'mask_hidden' has shape {shape}, expected [1, {width}] "
+                              f"(num_aux {cfg.num_aux} x target_hidden_size {cfg.target_hidden_size}: the aux "
+                              "features it stands in for, fed through fc like them)")
+    tensors["mask_hidden"] = t.reshape(1, width)
+    return HeadConfig(**{**cfg.__dict__, "parallel_drafting": True})
 
 
 def load_head(path: str | Path, allow_unknown_keys: bool = False, revision: str | None = None,
@@ -242,7 +274,7 @@ def load_eagle3(path: Path, config_file: Path, config: dict, dialect: str, allow
     notes = check_keys(audit, config_file, allow_unknown_keys) + model_type_note(config, dialect, config_file)
     file = _weights_file(path, dialect)
     tensors = _read_tensors(file)
-    head = _build_head(config, dialect, config_file, tensors)
+    head = _build_head(config, dialect, config_file, tensors, file)
     cfg = head.config
     state = _match_tensors(head, tensors, dialect, file, config_file)
     has_d2t = "d2t" in state
@@ -298,7 +330,8 @@ def vocab_map_from_used(used: torch.Tensor, vocab_size: int) -> tuple[torch.Tens
 
 def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
               dialect: str = SPECFORGE, both_id_keys: bool = False) -> None:
-    """Write `head` in one of the four layouts (config.json + weights; an MLA head only as 'mla').
+    """Write `head` in one of the four layouts (config.json + weights; an MLA head only as 'mla'). A P-EAGLE head
+    (parallel_drafting) writes `mask_token_id` and `mask_hidden`, in the speculators layout as type 'peagle'.
 
     both_id_keys (SpecForge layout): also write the top-level vLLM-style ids (= nested + 1), so that
     SGLang and both vLLM model runners tap the same tensors (capture.engine_taps).
@@ -321,7 +354,8 @@ def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
         **({"rope_is_neox_style": False} if cfg.rope_interleaved else {}),
     }
     top = {"draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
-           **{f: True for f in ("norm_before_fc", "fc_norm", "norm_output") if getattr(cfg, f)}}
+           **{f: True for f in ("norm_before_fc", "fc_norm", "norm_output") if getattr(cfg, f)},
+           **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {})}
     ids = list(aux_layer_ids_sglang) if aux_layer_ids_sglang is not None else None
     if (dialect == MLA) != (cfg.mla is not None):
         raise ValueError(f"an MLA head is written in the 'mla' layout and only there (dialect {dialect!r}, "
@@ -332,10 +366,11 @@ def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
         if ids and both_id_keys:
             config["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
     elif dialect == SPECULATORS:
-        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-                  "transformer_layer_config": layer, **top,
+        algorithm = PEAGLE if cfg.parallel_drafting else "eagle3"
+        config = {"architectures": ["PEagleSpeculator" if cfg.parallel_drafting else "Eagle3Speculator"],
+                  "speculators_model_type": algorithm, "transformer_layer_config": layer, **top,
                   "norm_before_residual": cfg.norm_before_residual,
-                  "speculators_config": {"algorithm": "eagle3"}}
+                  "speculators_config": {"algorithm": algorithm}}
         if ids is not None:      # speculators/vLLM read ids as input-of-layer = HF index
             config["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
     else:

@@ -25,10 +25,11 @@ D nodes in one forward with per-row ancestor masks, accept with the row's policy
 row's accepted path into place (`RowCache.keep`).
 
 A kind whose drafting state class offers its own batched form (`draft_state.rows`: a block drafter's
-heads/dflash/batched.py BlockRows, one draft forward per cycle over per-row context caches) drafts through it
-instead of the head's steps: `Rows.drafts` holds it (it is also the draft cache whose lengths the loop keeps); the
-prefill and the verify write the verified positions' context (`drafts.write`), a cycle's drafts are
-`drafts.propose`; the verify, the acceptance and the rollback are the same. Such a kind verifies chains only.
+heads/dflash/batched.py BlockRows, one draft forward per cycle over per-row context caches; a P-EAGLE head's
+heads/peagle/batched.py ParallelRows) drafts through it instead of the head's steps: `Rows.drafts` holds it (it is
+also the draft cache whose lengths the loop keeps); the prefill and the verify write the verified positions'
+target states and the token after each (`drafts.write`), a cycle's drafts are `drafts.propose`; the verify, the
+acceptance and the rollback are the same. Such a kind verifies chains only.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def chain_cycle(spec: Speculator, rows: Rows, capture: FeatureCapture, num_steps
     advance = (accepted + 1) * rows.active
     rows.target_cache.lengths += advance.to(rows.target_cache.lengths.device)
     if rows.drafts is not None:            # the verified positions' context; what is not accepted lies past the length
-        rows.drafts.write(aux, rows.draft_cache.lengths, slice(None))
+        rows.drafts.write(aux, rows.draft_cache.lengths, slice(None), new)
         rows.draft_cache.lengths += advance
     else:
         out = draft_block(spec, rows.draft_cache, spec.embed(new), head.fuse(aux), rows.draft_cache.lengths)
@@ -260,7 +261,7 @@ def admit(spec: Speculator, rows: Rows, capture: FeatureCapture, group: list[int
     nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1).scatter(1, last[:, None], first[:, None])
     zero = torch.zeros(len(group), dtype=torch.long, device=device)
     if rows.drafts is not None:                             # the prompt's context (its padding past the length)
-        rows.drafts.write(aux, zero, sel)
+        rows.drafts.write(aux, zero, sel, nxt)
     else:
         out = draft_block(spec, rows.draft_cache, spec.embed(nxt), head.fuse(aux), zero, rows=sel)
         picked = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))   # [G, 1, H]

@@ -4,7 +4,7 @@ Contract: the rows' context K/V live in a fixed-capacity cache with one length p
 slots are 0..lengths[b]-1, slot = absolute position, as the target's rows in loop/rows.py), per draft layer
 keys/values [B, kv_heads, capacity, head_dim]. The batched loop owns `lengths` (it parks rows, advances them by the
 accepted tokens + 1, and reads them as the draft cache's) and calls:
-- `write(aux [B', T, k*H_t], base [B'], rows)`: the context K/V of T positions per row at slots base[b]..base[b]+T-1
+- `write(aux [B', T, k*H_t], base [B'], rows, next_ids)`: the context K/V of T positions per row at slots base[b]..base[b]+T-1
   (dflash/model.py `context_kv`, every row at its own positions); slots past what is later accepted are garbage
   past the row's length, overwritten by the next write, never attended;
 - `propose(root [B], num_steps, policy, active) -> drafts [B, num_steps]` target ids: ONE block forward for every
@@ -36,8 +36,10 @@ class BlockRows:
         self.context: list[tuple[torch.Tensor, torch.Tensor]] | None = None   # per layer [B, kv, capacity, d]
 
     @torch.no_grad()
-    def write(self, aux: torch.Tensor, base: torch.Tensor, rows: slice | torch.Tensor) -> None:
-        """Context K/V of aux [B', T, k*H_t] (rows `rows`: a slice or an index tensor) at slots base[b] + t."""
+    def write(self, aux: torch.Tensor, base: torch.Tensor, rows: slice | torch.Tensor, next_ids=None) -> None:
+        """Context K/V of aux [B', T, k*H_t] (rows `rows`: a slice or an index tensor) at slots base[b] + t; the
+        tokens after them (`next_ids`, what an EAGLE-style drafter pairs with them) are not read: the context rows
+        are the target's states alone."""
         drafter, t = self.head.drafter, aux.shape[1]
         slots = base.to(self.device)[:, None] + torch.arange(t, device=self.device)                # [B', T]
         c = drafter.context(aux.to(self.device))                                                     # [B', T, H]

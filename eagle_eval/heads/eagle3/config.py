@@ -11,6 +11,7 @@ and `CONSUMED_KEYS` lists every key it reads (heads/eagle3/keys.py audits the re
 | `fc_norm` (EAGLE-3.1) | g = fc(concat(RMSNorm_i(a_i))), weights `fc_norm.{i}.weight [H_t]` | vLLM PR #42764; speculators `core.py` forward (`fc_norm` chunks); exclusive with `norm_before_fc` |
 | `norm_output` (EAGLE-3.1) | the next step's hidden input is norm(out), not out; logits = lm_head(norm(out)) as before | speculators `core.py` forward (`norm_output`); vLLM PR #46488; SpecForge PR #879 |
 | `rope_interleaved`    | GPT-J-style RoPE (pairs 2i, 2i+1) instead of NeoX halves       | SGLang `llama.py` `LlamaDecoderLayer.__init__` reads `rope_is_neox_style` (default True); vLLM's llama ignores the key |
+| `parallel_drafting` (P-EAGLE) | one forward fills K slots: the last real pair, then K - 1 rows (mask token, fc(mask_hidden)); weight `mask_hidden [1, k*H_t]` | vLLM `llama_eagle3.py` `Eagle3LlamaForCausalLM.load_weights` (mask_hidden), `v1/spec_decode/llm_base_proposer.py` (`parallel_drafting`); speculators `models/peagle/core.py`; heads/peagle/ drafts it |
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class HeadConfig:
     norm_output: bool = False             # EAGLE-3.1: the recurrence carries norm(out)
     rope_interleaved: bool = False        # GPT-J-style RoPE (SGLang rope_is_neox_style=false)
     mla: MLASettings | None = None        # the draft layer's attention is MLA (heads/mla/layer.py)
+    parallel_drafting: bool = False       # P-EAGLE: K drafts from one forward, mask rows fed fc(mask_hidden)
+    mask_token_id: int | None = None      # the token of the mask rows (read in vLLM's order: MASK_TOKEN_KEYS)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -96,6 +99,11 @@ class HeadConfig:
             raise ValueError("norm_before_fc: neither engine's MLA head has that norm")
         if (self.norm_before_fc or self.fc_norm) and not self.has_fc:
             raise ValueError("norm_before_fc / fc_norm need an fc layer (aux width k*H_t != H)")
+        if self.parallel_drafting and self.mask_token_id is None:
+            raise ValueError("parallel drafting needs a mask token id (" + MASK_TOKEN_REFUSAL + ")")
+        if self.parallel_drafting and self.mla is not None:
+            raise ValueError("parallel drafting with an MLA head: vLLM loads mask_hidden only in llama_eagle3.py and "
+                             "qwen3_eagle3.py")
 
     @property
     def kind(self) -> str:
@@ -116,7 +124,8 @@ class HeadConfig:
                 "fc_norm": self.fc_norm, "norm_output": self.norm_output,
                 "rope": "interleaved (GPT-J)" if self.rope_interleaved else "neox (halves)",
                 "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,
-                "fc_bias": self.fc_bias, "attention_bias": self.attention_bias, "mlp_bias": self.mlp_bias}
+                "fc_bias": self.fc_bias, "attention_bias": self.attention_bias, "mlp_bias": self.mlp_bias,
+                **({"parallel_drafting": True, "mask_token_id": self.mask_token_id} if self.parallel_drafting else {})}
 
 
 # Keys head_config_from_json / load_head read, by section ("top", "layer" = the decoder-layer keys,
@@ -124,7 +133,8 @@ class HeadConfig:
 CONSUMED_KEYS = {
     "top": {"architectures", "draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc",
             "fc_norm", "norm_output", "eagle_aux_hidden_state_layer_ids", "eagle_config",
-            "transformer_layer_config", "speculators_config", "speculators_model_type"},
+            "transformer_layer_config", "speculators_config", "speculators_model_type",
+            "mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id"},
     "layer": {"hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
               "vocab_size", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
               "max_position_embeddings", "hidden_act", "attention_bias", "mlp_bias", "num_hidden_layers",
@@ -132,6 +142,34 @@ CONSUMED_KEYS = {
     "eagle_config": {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc",
                      "fc_norm", "norm_output"},
 }
+
+
+# P-EAGLE (parallel drafting): where vLLM 0.32 looks for the mask rows' token, in its order
+# (v1/spec_decode/llm_base_proposer.py `_init_parallel_drafting_params`; dflash_config.mask_token_id comes first
+# there, a DFlash key: a P-EAGLE head is an EAGLE-3 config), and the speculators type it maps to eagle3 +
+# parallel_drafting (transformers_utils/configs/speculators/algos.py `update_peagle`, base.py)
+MASK_TOKEN_KEYS = ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
+PEAGLE = "peagle"
+MASK_TOKEN_REFUSAL = ("vLLM refuses parallel drafting unless the draft's config.json names the mask token: "
+                      "one of " + ", ".join(MASK_TOKEN_KEYS) + " (llm_base_proposer._init_parallel_drafting_params)")
+MASK_HIDDEN_REFUSAL = ("vLLM refuses parallel drafting without the learned mask row 'mask_hidden' in the weights "
+                       "(llama_eagle3.py Eagle3LlamaForCausalLM.load_weights)")
+
+
+def mask_token(config: dict, config_file: Path, vocab_size: int) -> tuple[int | None, str | None]:
+    """(the mask token id, the key it was read from) in vLLM's order (MASK_TOKEN_KEYS), or (None, None); a
+    speculators P-EAGLE config reads `mask_token_id` only (update_peagle maps it to pard_token). An id outside the
+    vocabulary is refused naming the key (the mask rows are embedded like any token)."""
+    peagle = config.get("speculators_model_type") == PEAGLE
+    for key in MASK_TOKEN_KEYS[:1] if peagle else MASK_TOKEN_KEYS:
+        value = read_key(config, key, config_file, "int", None)
+        if value is None:
+            continue
+        if not 0 <= value < vocab_size:
+            raise CheckpointError(f"{config_file}: key {key!r} = {value}: the mask token must be a row of the "
+                                  f"embedding table, 0..{vocab_size - 1}")
+        return value, key
+    return None, None
 
 
 REQUIRED = object()
@@ -279,7 +317,12 @@ def head_config_from_json(config: dict, dialect: str, config_file: Path) -> Head
         fc_norm=config_flag(top, eagle_cfg, "fc_norm", config_file),
         norm_output=config_flag(top, eagle_cfg, "norm_output", config_file),
         rope_interleaved=read_key(layer, "rope_is_neox_style", config_file, "bool", True, section) is False,
+        mask_token_id=mask_token(top, config_file, vocab)[0],
+        parallel_drafting=top.get("speculators_model_type") == PEAGLE,
     )
+    if settings["parallel_drafting"] and settings["mask_token_id"] is None:
+        raise CheckpointError(f"{config_file}: missing key 'mask_token_id': speculators_model_type 'peagle' needs it "
+                              "(vLLM update_peagle reads it as pard_token; " + MASK_TOKEN_REFUSAL + ")")
     try:
         return HeadConfig(**settings)
     except ValueError as exc:

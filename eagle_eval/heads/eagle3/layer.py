@@ -149,7 +149,8 @@ class Eagle3Head(nn.Module):
     """Parameters named as SpecForge/SGLang name them (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`).
 
     `embed_tokens` exists only when the checkpoint carries its own table (`with_embedding=True`);
-    `input_norm` [k*H_t] only with `norm_before_fc`, `fc_norm.{i}` [H_t] only with `fc_norm`
+    `input_norm` [k*H_t] only with `norm_before_fc`, `fc_norm.{i}` [H_t] only with `fc_norm`, `mask_hidden`
+    [1, k*H_t] only with `parallel_drafting` (P-EAGLE, drafted by heads/peagle/)
     (speculators / vLLM names; see heads/eagle3/config.py for the variants and where engines read them).
     """
 
@@ -170,6 +171,8 @@ class Eagle3Head(nn.Module):
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool)
                              if cfg.draft_vocab_size == cfg.vocab_size
                              else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        if cfg.parallel_drafting:       # P-EAGLE: the mask rows' target-feature input, before fc (vLLM mask_hidden)
+            self.register_buffer("mask_hidden", torch.zeros(1, cfg.num_aux * cfg.target_hidden_size))
         inv_freq, self.attention_scaling = self._rope_tables(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 

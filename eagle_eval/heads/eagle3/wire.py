@@ -3,7 +3,9 @@
 embedding table (vLLM's rule for `auto`), the vocab map, what each engine would tap, the load-time checks.
 
 Contract: `wire_eagle3(settings, loaded, target, weight_checks) -> heads/wired.py Wired`; sizes that cannot match
-the target are a ConfigError naming the head's config.json, the key and both values.
+the target are a ConfigError naming the head's config.json, the key and both values. A P-EAGLE head (the config's
+`parallel_drafting`, heads/io.py) is wired the same way plus heads/peagle/wire.py: its refusals, its echo and
+findings, and `ParallelDraftState` as the loop's drafting state.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ def wire_eagle3(settings, loaded, target, weight_checks: dict) -> Wired:
 
     check_sizes(loaded, target)
     spec_s, head = settings.speculation, loaded.head
+    parallel = head.config.parallel_drafting          # P-EAGLE (heads/peagle/): loaded only for such a head
+    if parallel:
+        from eagle_eval.heads.peagle import wire as peagle
+
+        peagle.refuse(settings)
     notes = list(loaded.key_notes)
     taps = kind(loaded.kind).default_taps(target.num_layers, head.config)     # the head kind's own default taps
     own = None if taps == default_hf_layers(target.num_layers) else \
@@ -96,11 +103,22 @@ def wire_eagle3(settings, loaded, target, weight_checks: dict) -> Wired:
                      "the first target ids, which is almost certainly wrong")
     engines = engine_taps(target.num_layers, loaded.aux_ids_sglang, loaded.aux_ids_vllm,
                           deepseek_family=sglang_deepseek_family(target.model.config))
+    info = head_info(loaded)
+    sanity = list(load_findings(target, loaded, aux, spec_s.aux_layers, table_name, weight_checks)) \
+        if loaded.path else []
+    draft_state = None
+    if parallel:
+        from dataclasses import replace
+
+        from eagle_eval.heads.peagle.state import ParallelDraftState
+
+        info = replace(info, extra={**info.extra, "parallel_drafting": peagle.echo(loaded, spec_s.num_steps)})
+        sanity += peagle.findings(loaded, spec_s.num_steps)
+        draft_state = ParallelDraftState
     return Wired(
         head=head, embed=embed, embedding=table_name, aux=aux, engines=engines,
         vocab_map=VocabMap(head.config.draft_vocab_size, head.config.vocab_size,
                            "checkpoint" if loaded.d2t_in_checkpoint else "none (full vocab)", d2t_identity),
-        info=head_info(loaded),
-        sanity=tuple(load_findings(target, loaded, aux, spec_s.aux_layers, table_name, weight_checks))
-        if loaded.path else (),
-        notes=tuple(notes), train_acc=train_acc(settings.model, loaded.path) if loaded.path else None)
+        info=info, sanity=tuple(sanity),
+        notes=tuple(notes), train_acc=train_acc(settings.model, loaded.path) if loaded.path else None,
+        draft_state=draft_state)
