@@ -71,7 +71,7 @@ RULES = Registry("accept rule", {
 
 # the draft head kinds, one folder each (eagle_eval/heads/)
 HEAD_KINDS = Registry("head kind", {
-    "llama": "eagle_eval.heads.eagle3.kind:KIND",        # EAGLE-3, a Llama-style (GQA) draft layer
+    "llama": "eagle_eval.heads.eagle3.kind:KIND",        # EAGLE-3, a Llama-style (GQA) draft layer; P-EAGLE too
     "mla": "eagle_eval.heads.mla.kind:KIND",             # EAGLE-3 with DeepSeek multi-head latent attention
     "mtp": "eagle_eval.heads.mtp.kind:KIND",             # the target's own MTP layers (--draft mtp)
     "dflash": "eagle_eval.heads.dflash.kind:KIND",       # block drafters: DFlash / DFlash2

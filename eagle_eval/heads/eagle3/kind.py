@@ -1,6 +1,7 @@
 """The kind record of the Llama-style EAGLE-3 head (`registry.HEAD_KINDS["llama"]`): its three checkpoint layouts
 (SpecForge/SGLang, EAGLE official, speculators: heads/io.py), every engine's default taps HF[2], HF[N//2], HF[N-3]
-(docs/eagle3.md section 1), a GQA draft KV cache."""
+(docs/eagle3.md section 1), a GQA draft KV cache. Its P-EAGLE variant (parallel drafting: `mask_hidden` in the
+weights, or speculators_model_type 'peagle'; heads/io.py `_parallel_drafting`) is wired with heads/peagle/."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def meta(config: dict, config_file, dialect: str, names) -> object:
 
 
 KIND = HeadKind(
-    name="llama", description="EAGLE-3, a Llama-style (GQA) draft layer",
+    name="llama", description="EAGLE-3, a Llama-style (GQA) draft layer; P-EAGLE (K drafts per forward) when its "
+                              "weights hold mask_hidden",
     architectures="'LlamaForCausalLMEagle3' (SpecForge/SGLang), 'LlamaForCausalLM' (EAGLE official), "
-                  "'Eagle3Speculator' (speculators)",
+                  "'Eagle3Speculator' / 'PEagleSpeculator' (speculators)",
     detect=detect, load=io.load_eagle3, default_taps=lambda num_layers, cfg: default_hf_layers(num_layers),
     kv_bytes=kv_bytes, meta=meta, info=lambda cfg: {}, wire=wire_eagle3)

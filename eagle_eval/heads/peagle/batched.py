@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle_eval.heads.peagle.slots import mask_rows
-from eagle_eval.heads.peagle.state import TREES_REFUSED
+from eagle_eval.heads.peagle.slots import TREES_REFUSED, mask_rows
 
 
 class ParallelRows:

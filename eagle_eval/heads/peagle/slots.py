@@ -1,5 +1,7 @@
-"""The K - 1 mask rows of a P-EAGLE cycle (vLLM 0.32, read in `v1/spec_decode/utils.py`
-`copy_and_expand_eagle_inputs_kernel` with shift_input_ids and `llm_base_proposer.py`):
+"""The K - 1 mask rows of a P-EAGLE cycle, laid out as vLLM 0.32 lays them out.
+
+Read in vLLM's `v1/spec_decode/utils.py` `copy_and_expand_eagle_inputs_kernel` (shift_input_ids: the EAGLE path)
+and `v1/spec_decode/llm_base_proposer.py`:
 
 - slot 0 is the ordinary EAGLE-3 row of the last real pair (the target's fused features of x_t with the newest
   verified token x_{t+1}, at position t): its output gives draft 1, as in an EAGLE-3 chain;
@@ -19,6 +21,10 @@ So a draft at slot i does not depend on K (causal): the K-slot drafts are a pref
 from __future__ import annotations
 
 import torch
+
+TREES_REFUSED = ("--topk {topk}: a P-EAGLE head drafts one chain of K per forward (vLLM 0.32 serves parallel "
+                 "drafting as a chain: SpecDecodeBaseProposer.propose returns [batch, K], and it has no token tree); "
+                 "use --topk 1")
 
 
 def mask_rows(head, embed, rows: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,11 +19,7 @@ from __future__ import annotations
 import torch
 
 from eagle_eval.heads.eagle3.layer import DraftCache
-from eagle_eval.heads.peagle.slots import mask_rows
-
-TREES_REFUSED = ("--topk {topk}: a P-EAGLE head drafts one chain of K per forward (vLLM 0.32 serves parallel "
-                 "drafting as a chain: SpecDecodeBaseProposer.propose returns [batch, K], and it has no token tree); "
-                 "use --topk 1")
+from eagle_eval.heads.peagle.slots import TREES_REFUSED, mask_rows
 
 
 class ParallelDraftState:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from eagle_eval.findings import info, warning
 from eagle_eval.heads.eagle3.config import PEAGLE, mask_token
-from eagle_eval.heads.peagle.state import TREES_REFUSED
+from eagle_eval.heads.peagle.slots import TREES_REFUSED
 from eagle_eval.settings import ConfigError
 
 
