@@ -623,8 +623,10 @@ class AblateOptions(ProfileOptions):
     vary: tuple[str, ...] = opt((), "A variant to profile besides the base, e.g. --vary aux_layers=0,3,6 --vary "
                                 "dtype=bf16 --vary 'no_chat_template=true;max_new_tokens=32' (repeatable).",
                                 metavar="FIELD=VALUE[;FIELD=VALUE]")
-    cost_ratio: float | None = opt(None, "c = T_draft_step / T_target_step; default: timed on this device.")
-    server_draft_ms: float | None = opt(None, "Your server's draft step time (ms); with --server-target-ms.")
+    cost_ratio: float | None = opt(None, "c = T_draft_step / T_target_step (a block drafter: its one draft forward "
+                                   "per cycle); default: timed on this device.")
+    server_draft_ms: float | None = opt(None, "Your server's draft step time (ms; a block drafter: its one draft "
+                                        "forward per cycle); with --server-target-ms.")
     server_target_ms: float | None = opt(None, "Your server's target decode step time (ms).")
     topk_grid: tuple[int, ...] | None = opt(None, "Tree widths to compare, e.g. 1,2,4 (1 = chain).",
                                             parse=lambda t: parse_ids(t, "--topk-grid"))

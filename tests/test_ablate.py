@@ -60,8 +60,12 @@ def test_ablate_cli_outputs(pair, tmp_path):
     assert res.output.count("  by context: expected tokens per step past 16 - before = ") == 2
     assert result["variants"][1]["aux_layers"]["sglang"] == [2, 4, 6]
     assert result["costs"]["cost_ratio"] == 0.05
-    rows = list(csv.DictReader(open(out / "ablation.csv")))
+    table = list(csv.DictReader(open(out / "ablation.csv")))
+    rows = [r for r in table if not r["group"]]                # then each variant's acceptance by context
     assert len(rows) == 8 and {r["variant"] for r in rows} == {"base", "aux_layers=2,4,6"}
+    assert [(r["variant"], r["group"]) for r in table[8:]] == [
+        (v["variant"], f"context:{b['low']}-{'inf' if b['high'] is None else b['high']}")
+        for v in result["variants"] for b in v["by_context"]["buckets"]]
     base = [r for r in rows if r["variant"] == "base"]
     best = max(base, key=lambda r: float(r["speedup_model"]))["num_steps"]
     assert int(best) == result["variants"][0]["best_num_steps"]

@@ -282,18 +282,25 @@ def test_the_loop_equals_zlab_dflash_generate(pair, zlab, kind):
 
 # -- T > 0 ---------------------------------------------------------------------------------------------------
 
+def _sampled(spec, decoding, prompts, samples: int):
+    """Every prompt decoded `samples` times at num_steps 3 (the trained block), each from its own random stream ->
+    (the distribution check's pooled counts, accepted drafts per cycle)."""
+    pooled, accepted = CellCounts(), []
+    for sample in range(samples):
+        for i, prompt in enumerate(prompts):
+            out, _ = _run(spec, prompt, 3, generator=prompt_generator(0, f"p{i}", sample))
+            pooled = pooled.merge(cell_counts(spec.target, decoding, prompt, out.output_ids))
+            accepted += out.accepted_per_cycle
+    return pooled, accepted
+
+
 @pytest.mark.parametrize("kind", ["dflash", "dflash2"])
 def test_sampled_drafts_are_lossless_under_vllm_probabilistic(pair, kind):
     """At T = 1 with drafts sampled from the drafter (DFlash2: from the selector's k candidates), the loop's
     tokens pass the distribution check against the target's p; the same seeds give the same run."""
     decoding = DecodingSettings(temperature=1.0, accept_rule="vllm-probabilistic")
     spec = block_speculator(pair["target"], pair[kind], policy=SampledDraftRule(decoding))
-    pooled, accepted = CellCounts(), []
-    for sample in range(3):
-        for i, prompt in enumerate(pair["prompts"]):
-            out, _ = _run(spec, prompt, 3, generator=prompt_generator(0, f"p{i}", sample))
-            pooled = pooled.merge(cell_counts(spec.target, decoding, prompt, out.output_ids))
-            accepted += out.accepted_per_cycle
+    pooled, accepted = _sampled(spec, decoding, pair["prompts"], 3)
     verdict = judge(pooled)
     assert verdict["verdict"] == "consistent", verdict
     assert verdict["tokens"] >= 400 and verdict["outside_support"] == 0
@@ -301,3 +308,31 @@ def test_sampled_drafts_are_lossless_under_vllm_probabilistic(pair, kind):
     again, _ = _run(spec, pair["prompts"][0], 3, generator=prompt_generator(0, "p0", 0))
     first, _ = _run(spec, pair["prompts"][0], 3, generator=prompt_generator(0, "p0", 0))
     assert again.output_ids == first.output_ids
+
+
+# the other rules, each with one kind (vllm-probabilistic above runs both): the drafts' argmax as a one-hot q (vLLM's
+# default draft_sample_method greedy; SGLang DFLASH's target-only verification; EAGLE's), DFlash2's walk taking the
+# selector's argmax; and SGLang's rejection sampling of drafts sampled from DFlash2's k-sparse candidates
+@pytest.mark.parametrize("rule, kind", [("vllm", "dflash2"), ("sglang", "dflash"), ("eagle", "dflash2"),
+                                        ("sglang-rs", "dflash2")])
+def test_every_other_accept_rule_is_lossless_with_a_block_drafter(pair, rule, kind):
+    from eagle_eval.rules.base import policy_for
+
+    decoding = DecodingSettings(temperature=1.0, accept_rule=rule)
+    spec = block_speculator(pair["target"], pair[kind], policy=policy_for(decoding))
+    pooled, accepted = _sampled(spec, decoding, pair["prompts"], 2)
+    verdict = judge(pooled)
+    assert verdict["verdict"] == "consistent", verdict
+    assert verdict["tokens"] >= 250 and verdict["outside_support"] == 0
+    assert 0 < sum(accepted) < 3 * len(accepted)
+
+
+def test_sglang_thresholds_run_with_a_block_drafter_and_the_check_says_they_are_not_plain_sampling(pair):
+    """SGLang's accept thresholds below 1 make the rule lossy by construction: the loop runs them, and the
+    distribution check says why it differs instead of counting."""
+    from eagle_eval.rules.base import policy_for
+
+    decoding = DecodingSettings(temperature=1.0, accept_rule="sglang", accept_threshold_single=0.5)
+    spec = block_speculator(pair["target"], pair["dflash"], policy=policy_for(decoding))
+    verdict = judge(_sampled(spec, decoding, pair["prompts"][:1], 1)[0])
+    assert verdict["verdict"] == "differs" and "threshold" in verdict["reason"], verdict

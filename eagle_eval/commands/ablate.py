@@ -5,38 +5,32 @@ Contract: a variant is the base oracle with some settings changed (`--vary FIELD
 variant costs one profile, which gives every num_steps <= max_steps at once. The speedup model is
 docs/eagle3.md section 5: S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), with c and r(k) timed on the
 current device (`measure_costs`) or given. Its CSV and PNG writers live in `results/` like every other writer.
+
+A block drafter (DFlash): row num_steps = k drafts ONE block of k + 1 rows, one draft forward per block length over
+every start (the profile's; a shorter block is not a truncation of a longer one), so the sweep over num_steps is the
+sweep over block lengths; a cycle costs one draft forward of that block (commands/ablate_costs.py). Each row says
+the block it drafted beside the trained one, and a block of another length is the variant's finding
+dflash-block-size (its kind's `per_num_steps`); trees are refused as the kind refuses them, before any profile.
+ablation.csv holds each variant's acceptance by context after the rows (`context:LOW-HIGH`, results/context.py).
 """
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from eagle_eval.commands.ablate_costs import (BLOCK_MODEL, CHAIN_MODEL, Costs, measure_costs, timing_dict, timings_of,
+                                              variant_rows)
 from eagle_eval.commands.folder import open_folder
 from eagle_eval.commands.profile import profile_oracle
 from eagle_eval.errors import within
 from eagle_eval.oracle import load_oracle
 from eagle_eval import parallel
-from eagle_eval.stats.acceptance import speedup
 from eagle_eval.stats.advice import advise, settings_from_rows
-from eagle_eval.results.expectation import section_rates
+from eagle_eval.results.context import ablation_csv_rows
 from eagle_eval.results.plot import plot_ablation
 from eagle_eval.results.tables import write_rows_csv
 from eagle_eval.settings import FIELD_GROUP, AblateOptions, ConfigError, Settings, parse_setting
 from eagle_eval.loop.tree import pool_size
-
-
-@dataclass(frozen=True)
-class Costs:
-    """c = T_draft_step / T_target_step and r = T_verify(n tokens) / T_target(1 token), where a
-    verify forward holds n = num_steps + 1 tokens for a chain and num_draft_tokens for a tree."""
-    cost_ratio: float
-    verify_ratio: dict                 # n verify tokens -> r
-    source: str                        # "measured on DEVICE" or "given (--cost-ratio)"
-    times_ms: dict | None = None
-
-    def r(self, verify_tokens: int) -> float:
-        return self.verify_ratio.get(verify_tokens, 1.0)
 
 
 NOT_AXES = ("output_dir", "resume", "overwrite", "full_fingerprint", "prompts", "dataset", "target", "draft", "seed",
@@ -54,6 +48,10 @@ def parse_variant(text: str) -> tuple[str, dict]:
             raise ConfigError(f"--vary {text!r}: expected FIELD=VALUE (e.g. aux_layers=0,3,6 or dtype=bf16)")
         key, value = (s.strip() for s in part.split("=", 1))
         key = key.replace("-", "_")
+        if key == "block_size":
+            raise ConfigError("--vary block_size: a block drafter drafts blocks of num_steps + 1 rows, and every "
+                              "num_steps <= --max-steps is profiled at once (one draft forward per block length): "
+                              "--max-steps B sweeps the blocks 2..B + 1")
         if key in GRID_AXES:
             raise ConfigError(f"--vary {key!r}: not a variant: every num_steps <= --max-steps is profiled at once, "
                               "and tree shapes are --topk-grid and --draft-tokens-grid")
@@ -65,48 +63,6 @@ def parse_variant(text: str) -> tuple[str, dict]:
         except ConfigError as exc:
             raise ConfigError(f"--vary {part.strip()}: {exc}") from exc
     return text, overrides
-
-
-def measure_costs(oracle, verify_sizes, progress: bool = False) -> tuple[Costs, object]:
-    """The speedup model's costs timed on this device (profile/costs.py: interleaved rounds of every
-    timing until each median interval is narrow, or a limit) -> (Costs from the medians, the TimingRun)."""
-    from eagle_eval.profile.costs import measure_timings
-
-    run = measure_timings(oracle.speculator, verify_sizes)
-    t = run.timings
-    sizes = sorted(t.verify_ms)
-    c = t.ratios(sizes[0] if sizes else 1)[0]
-    costs = Costs(cost_ratio=c, verify_ratio={n: t.ratios(n)[1] for n in sizes},
-                  source=f"measured on {oracle.speculator.draft_device} ({run.rounds} rounds, "
-                         f"{'narrow' if run.narrow else 'NOT narrow: widest median interval '}"
-                         f"{'' if run.narrow else f'+-{run.widest:.1%}'})",
-                  times_ms={"target_1_token": statistics.median(t.target_ms), "draft_step": statistics.median(t.draft_ms),
-                            "verify": {str(n): statistics.median(xs) for n, xs in t.verify_ms.items()}})
-    return costs, run
-
-
-def variant_rows(name: str, by_num_steps: dict, costs: Costs, server: Costs | None, topk: int = 1,
-                 num_draft_tokens: int | None = None, temperature: float = 0.0) -> list[dict]:
-    """One row per num_steps; chains verify S+1 tokens, trees num_draft_tokens (given, or the section's). At
-    temperature > 0, tau and u_i are the expectation (results/expectation.py `section_rates` says which one, in
-    `rates`), tau_sampled the accept length realized along the sampled continuations."""
-    rows = []
-    for s, section in sorted(by_num_steps.items(), key=lambda kv: int(kv[0])):
-        k = int(s)
-        d = num_draft_tokens or section.get("num_draft_tokens") or k + 1
-        rates = section_rates(section)
-        u, a, summary = rates["u"], rates["a"], section.get("summary") or {}
-        row = {"variant": name, "num_steps": k, "topk": topk, "num_draft_tokens": d, "temperature": temperature,
-               "tau": rates["tau"], "rates": rates["source"],
-               "tau_sampled": summary.get("accept_length") if temperature > 0 else None,
-               "cycles": summary.get("cycles"), "accepted_drafts": summary.get("accepted_drafts"),
-               "speedup_model": speedup(u, costs.cost_ratio, costs.r(d))}
-        if server is not None:
-            row["speedup_server"] = speedup(u, server.cost_ratio, server.r(d))
-        row.update({f"u_{i + 1}": v for i, v in enumerate(u)})
-        row.update({f"a_{i + 1}": v for i, v in enumerate(a)})
-        rows.append(row)
-    return rows
 
 
 def best_num_steps(rows: list[dict], key: str = "speedup_model") -> int:
@@ -158,7 +114,7 @@ def refuse_idle(settings: Settings, options: AblateOptions, named: list) -> None
 
 
 def _write_ablation(folder, result: dict) -> None:
-    folder.write_with("ablation.csv", lambda path: write_rows_csv(path, result["rows"]))
+    folder.write_with("ablation.csv", lambda path: write_rows_csv(path, result["rows"] + ablation_csv_rows(result)))
     result["files"] = ["ablation.json", "ablation.csv"]
     try:
         folder.write_with("ablation.png", lambda path: plot_ablation(path, result["rows"], result["variants"]))
@@ -170,6 +126,7 @@ def _write_ablation(folder, result: dict) -> None:
 
 
 def _ablate(settings: Settings, options: AblateOptions, named: list, progress: bool) -> dict:
+    from eagle_eval.heads.kind import kind as head_kind
     from eagle_eval.results.report import provenance
 
     base = settings.with_(output_dir=None, resume=False, overwrite=False)
@@ -185,10 +142,19 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
     base_oracle = load_oracle(base)
     base_oracle.refuse_load_errors()
     temps = list(options.temperature_grid or [None])
+    d_of = {k: None if k == 1 else max(d for d in (grid or (spec.num_draft_tokens,)) if d <= pool_size(k_max, k) + 1)
+            for k in topks}
+    for k in topks:                    # what the head kind refuses (a block drafter's trees), before any profile
+        try:
+            base_oracle.with_(topk=k, num_draft_tokens=d_of[k])
+        except ConfigError as exc:
+            raise ConfigError(f"--topk-grid {k}: {exc}") from exc
+    loaded_head = base_oracle.loaded.head
+    per_num_steps = head_kind(loaded_head.kind).per_num_steps        # a block drafter's block per row (heads/kind.py)
+    one_forward = getattr(base_oracle.speculator.draft_state, "one_forward", False)
     rows, sections, costs, timing = [], [], None, None
     for name, overrides, k, temp in [(n, o, k, t) for n, o in named for k in topks for t in temps]:
-        d_main = None if k == 1 else max(d for d in (grid or (spec.num_draft_tokens,))
-                                         if d <= pool_size(k_max, k) + 1)
+        d_main = d_of[k]
         at = {} if temp is None else {"temperature": temp}           # one profile (one pass) per temperature
         oracle = base_oracle.with_(**overrides, topk=k, num_draft_tokens=d_main, **at)
         label = (name if len(topks) == 1 else f"{name} topk={k}") + ("" if temp is None else f" T={temp:g}")
@@ -204,17 +170,19 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
                   if k > 1 and grid else {None: res.report["by_num_steps"]})
         for d, by_steps in shapes.items():
             mine = variant_rows(label if d is None else f"{label} D={d}", by_steps, costs, server, k,
-                                int(d) if d else None, temperature)
+                                int(d) if d else None, temperature, one_forward)
+            step_findings = _per_num_steps(per_num_steps, oracle.loaded.head, mine)
             rows += mine
             best = best_row(mine)
             sections.append({"variant": mine[0]["variant"], "overrides": {
                 kk: list(v) if isinstance(v, tuple) else v for kk, v in overrides.items()},
                 "topk": k, "num_draft_tokens": int(d) if d else None, "temperature": temperature,
                 "aux_layers": res.report["config"]["aux_layers"],
+                "prompt_format": res.report["config"].get("prompt_format"),
                 "best_num_steps": best["num_steps"], "best_speedup_model": best["speedup_model"],
                 "best_num_steps_server": best_row(mine, "speedup_server")["num_steps"] if server else None,
                 "advice": advise(settings_from_rows(mine), timings_of(timing, options)).as_dict(),
-                "sanity": res.report["config"]["sanity"], "by_num_steps": by_steps,
+                "sanity": _merged(res.report["config"]["sanity"], step_findings), "by_num_steps": by_steps,
                 "by_context": _variant_context(res, int(d) if d else None)})
     overall = best_row(rows)
     result = {"schema_version": 1,
@@ -222,15 +190,50 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
                          "temperature_grid": [t for t in temps if t is not None]},
               "costs": {"cost_ratio": costs.cost_ratio,
                         "verify_ratio": {str(n): v for n, v in costs.verify_ratio.items()},
+                        "block_ratio": {str(n): v for n, v in costs.block_ratio.items()},
                         "source": costs.source, "times_ms": costs.times_ms,
-                        "timings": _timing_dict(timing),
+                        "timings": timing_dict(timing),
                         "server_ms": {"draft_step": server_ms[0], "target_step": server_ms[1]} if server_ms else None},
-              "speedup_model": "S = (1 + sum_{i<=S} u_i) / (S c + r), c = T_draft_step / T_target_step, "
-                               "r = T_verify(S+1 tokens, or num_draft_tokens for a tree) / T_target(1 token)",
+              "speedup_model": BLOCK_MODEL if one_forward else CHAIN_MODEL,
               "best": {k: overall[k] for k in ("variant", "num_steps", "topk", "num_draft_tokens", "speedup_model")},
               "advice": advise(settings_from_rows(rows), timings_of(timing, options)).as_dict(),
               "variants": sections, "rows": rows, "provenance": provenance(settings.decoding.seed)}
+    if any("trained_block_size" in r for r in rows):
+        result["block"] = _block_echo(rows, base_oracle.resolved.head.as_dict().get("block"))
     return result
+
+
+def _per_num_steps(per_num_steps, loaded_head, rows: list[dict]) -> list[dict]:
+    """Each row's echo of what its num_steps runs with this head kind (a block drafter: its block beside the trained
+    one), put in the row; the findings of every row, as dicts (none for a kind that has nothing to say)."""
+    if per_num_steps is None:
+        return []
+    found = []
+    for row in rows:
+        echo, findings = per_num_steps(loaded_head, row["num_steps"])
+        row.update(echo)
+        found += [f.as_dict() for f in findings]
+    return found
+
+
+def _merged(sanity: list[dict], more: list[dict]) -> list[dict]:
+    """The profile's load-time findings, then the rows' own that it does not already hold."""
+    return list(sanity) + [f for f in more if f not in sanity]
+
+
+def _block_echo(rows: list[dict], block: dict | None) -> dict:
+    """What an ablation of a block drafter says once: the trained block, the engines' settings for it, and which
+    rows drafted another block length."""
+    trained = rows[0]["trained_block_size"]
+    other = sorted({r["num_steps"] for r in rows if not r["matches_trained_block"]})
+    return {"trained_block_size": trained, "vllm_num_speculative_tokens": trained - 1,
+            "sglang_num_draft_tokens": trained, "variant": (block or {}).get("variant"),
+            "drafted_block_rows": sorted({r["block_rows"] for r in rows}),
+            "num_steps_other_than_trained": other,
+            "rule": "row num_steps S drafts one block of S + 1 rows: one draft forward per block length over every "
+                    "start (the block is non-causal, so a shorter block is not a truncation of a longer one); a cycle "
+                    "costs one draft forward of that block; a row whose block differs from the trained one is the "
+                    "variant's finding dflash-block-size"}
 
 
 def _variant_context(res, d: int | None) -> dict | None:
@@ -244,22 +247,6 @@ def _variant_context(res, d: int | None) -> dict | None:
     s = min(cfg["num_steps"], cfg["max_steps"])
     rows = [r for r in res.per_start or () if r["num_steps"] == s and r.get("num_draft_tokens") == d]
     return from_starts(rows, {}, s, d, cfg.get("context_buckets"), cfg.get("train_context")) if rows else None
-
-
-def timings_of(timing, options: AblateOptions):
-    """The timings the advice is decided from: measured, or given (--cost-ratio: no timing noise)."""
-    from eagle_eval.stats.advice import Timings
-
-    return timing.timings if timing is not None else Timings.given(options.cost_ratio)
-
-
-def _timing_dict(timing) -> dict | None:
-    if timing is None:
-        return None
-    t = timing.timings
-    return {"rounds": timing.rounds, "narrow": timing.narrow, "widest": timing.widest, "rule": timing.rule,
-            "samples_ms": {"target_1_token": list(t.target_ms), "draft_step": list(t.draft_ms),
-                           "verify": {str(n): list(xs) for n, xs in t.verify_ms.items()}}}
 
 
 def replace_grid(options: AblateOptions, grid):

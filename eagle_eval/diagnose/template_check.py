@@ -39,11 +39,20 @@ def _render(oracle) -> list[tuple[str, object, list | None, str | None]]:
     from eagle_eval.workload.conversations import load_workload
     from eagle_eval.workload.data import DataError
 
+    from eagle_eval.workload.templates import ThinkingIgnored
+
     out = []
     for label, variant in variants(oracle):
         try:
-            out.append((label, variant, load_workload(variant.settings.workload, oracle.tokenizer).first_prompts,
-                        None))
+            try:
+                prompts = load_workload(variant.settings.workload, oracle.tokenizer).first_prompts
+            except ThinkingIgnored:                    # another format than the configured one may not read the switch
+                if variant is oracle:
+                    raise
+                variant = variant.with_(enable_thinking=None)
+                label += " (enable_thinking not read: not passed)"
+                prompts = load_workload(variant.settings.workload, oracle.tokenizer).first_prompts
+            out.append((label, variant, prompts, None))
         except (DataError, ConfigError) as exc:        # e.g. messages rows and no template at all
             out.append((label, variant, None, f"{type(exc).__name__}: {exc}"))
     return out

@@ -41,6 +41,11 @@ class HeadKind:
     # (target config.json dict, its path, the target's text decoder built on the meta device) -> (head on the meta
     # device, its config): `plan` of a kind read from the target's checkpoint (`keyword`)
     meta_from_target: Callable | None = None
+    # (loaded head, num_steps) -> (row echo dict, findings): what a chain of num_steps drafts runs with this kind when
+    # that depends on num_steps beyond the count (a block drafter: one block of num_steps + 1 rows, against the block
+    # it was trained with); `ablate` puts the echo in each row of its sweep and the findings in the variant's sanity
+    # (None: nothing to say)
+    per_num_steps: Callable | None = None
 
 
 def kind_of(config: dict, config_file: Path) -> tuple[HeadKind, str]:

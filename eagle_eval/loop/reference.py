@@ -50,7 +50,8 @@ class Speculator:
     # the draft's side of one decode, built as draft_state(head, embed, position_offset, started policy): an
     # EAGLE-3 head's DraftState, or a block drafter's (heads/dflash/state.py BlockDraftState); both offer
     # real_len, extend(aux, next_ids), propose_chain(num_steps) and propose_tree(num_steps, topk). A class may also
-    # offer its batched form (`rows`, loop/batched.py) and why that cycle is not captured (`capture_blocker`)
+    # offer its batched form (`rows`, loop/batched.py), why that cycle is not captured (`capture_blocker`) and that a
+    # chain's drafts come from one forward (`one_forward`: the speedup model's draft cost, profile/costs.py)
     draft_state: Callable[..., DraftState] = DraftState
 
     @property

@@ -2,7 +2,10 @@
 
 Contract: `measure_timings(spec, verify_sizes)` times, round after round on a `context`-token cache, one
 1-token target forward, one verify forward of each size in `verify_sizes` and one draft step (head
-forward, lm_head, argmax), interleaved so that drift over the measurement touches every cost alike. It
+forward, lm_head, argmax), interleaved so that drift over the measurement touches every cost alike. A block
+drafter (its drafting state class says `one_forward`: heads/dflash/state.py) drafts a cycle's k tokens in one
+forward of k + 1 rows, so its draft cost is timed per block: one proposal (the block forward, lm_head, argmax) of
+each n - 1 drafts for n in `verify_sizes` (`Timings.block_ms`; `draft_ms` is its smallest block's). It
 stops once every timing's 95% median interval (results/advice.median_interval) is within `rel_width`
 of its median, or after `max_reps` rounds, or when `budget_s` has passed; `TimingRun.narrow` says
 which. The samples go to results/advice.advise, which decides the recommendation from them. The first
@@ -50,13 +53,15 @@ def measure_timings(spec, verify_sizes, context: int = 128, min_reps: int = 6, m
                     progress: Callable[[int, float], None] | None = None) -> TimingRun:
     """Repeated timings of the model's costs (module docstring); `clock` is injectable for tests."""
     from eagle_eval.loop.draft import DraftState
+    from eagle_eval.loop.policy import GREEDY
 
     target, head, device = spec.target, spec.head, spec.draft_device
     vocab = target.info.vocab_size
     gen = torch.Generator().manual_seed(0)
     cache = target.new_cache()
     target.forward(torch.randint(0, vocab, (1, context), generator=gen), cache)
-    state = DraftState(head, spec.embed)
+    one_forward = getattr(spec.draft_state, "one_forward", False)
+    state = (spec.draft_state(head, spec.embed, 0, GREEDY.start()) if one_forward else DraftState(head, spec.embed))
     state.extend(torch.randn(1, context, head.config.num_aux * head.config.target_hidden_size, generator=gen)
                  .to(device=device, dtype=head.lm_head.weight.dtype),
                  torch.randint(0, vocab, (1, context), generator=gen).to(device))
@@ -74,7 +79,13 @@ def measure_timings(spec, verify_sizes, context: int = 128, min_reps: int = 6, m
         head.logits(out).argmax(-1)
         state.cache.rollback(context)
 
-    jobs = {"target": lambda: verify(1), "draft": draft_step, **{f"verify:{n}": (lambda n=n: verify(n)) for n in sizes}}
+    blocks = [n for n in sizes if n >= 2] if one_forward else []
+    # a block drafter: one proposal = one forward of n rows + lm_head + argmax
+    drafts = ({f"block:{n}": (lambda n=n: state.propose_chain(n - 1)) for n in blocks} if one_forward
+              else {"draft": draft_step})
+    if one_forward and not blocks:
+        raise ValueError(f"verify sizes {sizes}: a block drafter's draft cost is timed per block of >= 2 rows")
+    jobs = {"target": lambda: verify(1), **drafts, **{f"verify:{n}": (lambda n=n: verify(n)) for n in sizes}}
 
     def timed(fn) -> float:
         _synchronize()
@@ -96,8 +107,10 @@ def measure_timings(spec, verify_sizes, context: int = 128, min_reps: int = 6, m
             progress(rounds, widest)
         if stop:
             break
-    timings = Timings(target_ms=tuple(samples["target"]), draft_ms=tuple(samples["draft"]),
-                      verify_ms={n: tuple(samples[f"verify:{n}"]) for n in sizes})
+    block_ms = {n: tuple(samples[f"block:{n}"]) for n in blocks}
+    timings = Timings(target_ms=tuple(samples["target"]),
+                      draft_ms=block_ms[blocks[0]] if one_forward else tuple(samples["draft"]),
+                      verify_ms={n: tuple(samples[f"verify:{n}"]) for n in sizes}, block_ms=block_ms)
     rule = (f"rounds of every timing until each 95% median interval is within {rel_width:.0%} of its median "
             f"(at least {min_reps}, at most {max_reps} rounds, {budget_s:g} s)")
     return TimingRun(timings, rounds, narrow, widest, rule)

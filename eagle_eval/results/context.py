@@ -8,6 +8,7 @@ re-bucketed without a model (`rebucket`, what `eagle-eval report --context-bucke
 - a profile: per_start.jsonl's rows at the profile's num_steps (`from_starts`), P(A >= i) of every start (exact;
   0/1 when greedy) in the bucket of the start's root; the mean over the starts is the per-context expectation;
 - a server-check's server: each request's per-step counts, where the server gives them (`from_requests`).
+`ablation_csv_rows` lays an ablation's variants' sections out as ablation.csv's bucket rows.
 The bucket math and the finding are stats/context.py's; the unit of every interval is the prompt (`unit_of`:
 a question's turns and its long-context lengths are one unit).
 """
@@ -320,3 +321,19 @@ def csv_rows(section: dict | None, prefix: str = "context", drafted_per_cycle: i
                 row[f"{name}_{i}_high"] = p[key]["high"]
         rows.append(row)
     return rows
+
+
+def ablation_csv_rows(result: dict) -> list[dict]:
+    """ablation.csv's rows after the num_steps rows: each variant's acceptance by context (its `by_context`), one row
+    per bucket (`csv_rows`: group `context:LOW-HIGH`, the bucket's bounds, starts, the expected
+    accept length and u_i / a_i with their intervals), led by the variant and the num_steps it was taken at."""
+    out = []
+    for v in result["variants"]:
+        ctx = v.get("by_context")
+        if not ctx:
+            continue
+        lead = {"variant": v["variant"], "num_steps": ctx["num_steps"], "topk": v["topk"],
+                "num_draft_tokens": ctx.get("num_draft_tokens") or ctx["num_steps"] + 1,
+                "temperature": v["temperature"]}
+        out += [{**lead, **row} for row in csv_rows(ctx, "context")]
+    return out

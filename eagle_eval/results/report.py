@@ -397,12 +397,27 @@ def render_steps_table(profile_report: dict) -> str:
 def render_ablation(result: dict) -> str:
     costs = result["costs"]
     server = bool(costs.get("server_ms"))
-    lines = [f"cost ratio c = {costs['cost_ratio']:.4f} ({costs['source']}); {result['speedup_model']}",
-             f"{'variant':<32} {'S':>2} {'K':>2} {'D':>3} {'tau':>6} {'speedup':>8}" + (f" {'server':>7}" if server else "")]
+    block = result.get("block")
+    lines = [f"cost ratio c = {costs['cost_ratio']:.4f} ({costs['source']}); {result['speedup_model']}"]
+    if block:                                  # a block drafter (commands/ablate.py): its block per row
+        by_rows = costs.get("block_ratio") or {}
+        lines.append(f"block drafter ({block['variant']}): trained block_size {block['trained_block_size']} (vLLM "
+                     f"num_speculative_tokens {block['vllm_num_speculative_tokens']}, SGLang "
+                     f"--speculative-num-draft-tokens {block['sglang_num_draft_tokens']}); row S drafts one block of "
+                     "S + 1 rows, and a cycle costs one draft forward of it: S = tau / (c(S + 1) + r)"
+                     + (": c(rows) " + ", ".join(f"{n}: {c:.4f}" for n, c in by_rows.items()) if by_rows else ""))
+    lines.append(f"{'variant':<32} {'S':>2} {'K':>2} {'D':>3} {'tau':>6} {'speedup':>8}"
+                 + (f" {'server':>7}" if server else ""))
     for r in result["rows"]:
+        other = "*" if r.get("matches_trained_block") is False else ""
         lines.append(f"{r['variant'][:32]:<32} {r['num_steps']:>2} {r['topk']:>2} {r['num_draft_tokens']:>3} "
                      f"{_fmt(r['tau']):>6} {r['speedup_model']:>8.3f}" +
-                     (f" {r['speedup_server']:>7.3f}" if "speedup_server" in r else ""))
+                     (f" {r['speedup_server']:>7.3f}" if "speedup_server" in r else "") + other)
+    if block and block["num_steps_other_than_trained"]:
+        lines.append(f"* a block of another length than the trained {block['trained_block_size']} (num_steps "
+                     f"{', '.join(map(str, block['num_steps_other_than_trained']))}): finding dflash-block-size, each "
+                     "variant's sanity in ablation.json; no engine refuses it, and its drafts differ from the trained "
+                     "block's")
     for v in result["variants"]:
         extra = (f", {v['best_num_steps_server']} with server step times" if v.get("best_num_steps_server") else "")
         lines.append(f"best num_steps for {v['variant']}: {v['best_num_steps']} (modelled speedup "

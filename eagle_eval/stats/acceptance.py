@@ -75,16 +75,20 @@ class AcceptanceCounts:
                 for i, (r, a) in enumerate(zip(self.reached, self.accepted))]
 
 
-def speedup(unconditional_rates, cost_ratio: float, verify_ratio: float = 1.0) -> float:
+def speedup(unconditional_rates, cost_ratio: float, verify_ratio: float = 1.0, one_forward: bool = False) -> float:
     """Modelled speedup over plain decoding for num_steps k = len(rates) (docs/eagle3.md section 5):
     S(k) = (1 + sum_{i<=k} u_i) / (k c + r(k)), c = T_draft_step / T_target_step,
     r(k) = T_verify(k+1 tokens) / T_target(1 token).
+    A block drafter (`one_forward`) drafts the k tokens in ONE forward of k + 1 rows: S(k) = (1 + sum u_i) / (c + r(k)),
+    c = T_draft(block of k + 1 rows) / T_target_step, the caller's c for that block.
 
     >>> round(speedup([0.8, 0.6], cost_ratio=0.1, verify_ratio=1.0), 4)
     2.0
+    >>> round(speedup([0.8, 0.6], cost_ratio=0.1, verify_ratio=1.0, one_forward=True), 4)
+    2.1818
     """
     k = len(unconditional_rates)
-    return (1.0 + sum(unconditional_rates)) / (k * cost_ratio + verify_ratio)
+    return (1.0 + sum(unconditional_rates)) / ((1 if one_forward else k) * cost_ratio + verify_ratio)
 
 
 def predicted_by_train_acc(train_acc, num_steps: int) -> dict:

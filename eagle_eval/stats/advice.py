@@ -7,6 +7,10 @@ a chain, num_draft_tokens for a tree) with accept length tau:
     S = tau / (k c + r),   c = T_draft_step / T_target(1 token),   r = T_verify(n tokens) / T_target(1 token)
       = tau * T_target / (k T_draft + T_verify(n)).
 
+A block drafter (DFlash: `Setting.one_forward`) drafts its k tokens in one forward of a block of k + 1 rows, so a
+cycle costs one draft forward of that block: S = tau * T_target / (T_block(k + 1) + T_verify(n)), T_block timed per
+block length (`Timings.block_ms`; a length not timed, or costs given, takes T_draft: one forward whatever its rows).
+
 Each T is measured repeatedly (profile/costs.py); its median is the estimate. The interval of S is a
 paired bootstrap: every replicate resamples each timing's samples once (with replacement, a seeded
 generator: the same samples give the same advice) and computes S for every setting from the same
@@ -34,15 +38,17 @@ RESAMPLES = 2000
 
 @dataclass(frozen=True)
 class Timings:
-    """Repeated timings in ms: a 1-token target forward, a draft step, and verify forwards by size
-    (a size not measured is taken as one target token, r = 1)."""
+    """Repeated timings in ms: a 1-token target forward, a draft step, verify forwards by size (a size not measured
+    is taken as one target token, r = 1), and a block drafter's draft forward by block length (rows)."""
     target_ms: tuple[float, ...]
     draft_ms: tuple[float, ...]
     verify_ms: dict = field(default_factory=dict)        # n tokens -> tuple of samples
+    block_ms: dict = field(default_factory=dict)         # a block drafter: n rows -> one draft forward's samples
 
     def __post_init__(self):
         for name, xs in (("target_ms", self.target_ms), ("draft_ms", self.draft_ms),
-                         *((f"verify_ms[{n}]", xs) for n, xs in self.verify_ms.items())):
+                         *((f"verify_ms[{n}]", xs) for n, xs in self.verify_ms.items()),
+                         *((f"block_ms[{n}]", xs) for n, xs in self.block_ms.items())):
             if not xs or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in xs):
                 raise ValueError(f"{name}: positive finite timings expected, got {list(xs)[:5]}")
 
@@ -56,6 +62,10 @@ class Timings:
         t = median(self.target_ms)
         return median(self.draft_ms) / t, (median(self.verify_ms[n]) / t if n in self.verify_ms else 1.0)
 
+    def block_ratio(self, rows: int) -> float:
+        """c of a block drafter's one draft forward over `rows` rows (the draft step's c where not timed)."""
+        return median(self.block_ms.get(rows, self.draft_ms)) / median(self.target_ms)
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -63,6 +73,7 @@ class Setting:
     num_steps: int              # k
     verify_tokens: int          # n
     tau: float
+    one_forward: bool = False   # a block drafter: the k drafts come from one forward of k + 1 rows
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,8 @@ class Estimate:
         s = self.setting
         return (f"{s.name}: modelled speedup {self.speedup:.3f} exceeds its accept length {s.tau:.3f}, impossible "
                 f"since a cycle costs at least one target step; r = T_verify({s.verify_tokens}) / T_target(1) was "
-                f"measured {self.verify_ratio:.3f} < 1 - k c: timing noise, not recommended")
+                f"measured {self.verify_ratio:.3f} < 1 - {'c' if s.one_forward else 'k c'}: timing noise, not "
+                "recommended")
 
 
 @dataclass(frozen=True)
@@ -163,8 +175,9 @@ def relative_width(xs, level: float = LEVEL) -> float:
     return (hi - lo) / 2 / median(xs)
 
 
-def _speedup(s: Setting, t: float, d: float, v: dict) -> float:
-    return s.tau * t / (s.num_steps * d + v.get(s.verify_tokens, t))
+def _speedup(s: Setting, t: float, d: float, v: dict, b: dict) -> float:
+    draft = b.get(s.num_steps + 1, d) if s.one_forward else s.num_steps * d
+    return s.tau * t / (draft + v.get(s.verify_tokens, t))
 
 
 def _percentile(sorted_xs: list[float], q: float) -> float:
@@ -173,14 +186,16 @@ def _percentile(sorted_xs: list[float], q: float) -> float:
 
 
 def _replicates(timings: Timings, resamples: int, seed: int):
-    """(T_target, T_draft, {n: T_verify}) medians of each bootstrap replicate, the same for every setting."""
+    """(T_target, T_draft, {n: T_verify}, {rows: T_block}) medians of each bootstrap replicate, the same for every
+    setting."""
     rng = random.Random(seed)
 
     def med(xs):
         return median(rng.choices(xs, k=len(xs))) if len(xs) > 1 else xs[0]
 
     for _ in range(resamples):
-        yield med(timings.target_ms), med(timings.draft_ms), {n: med(xs) for n, xs in timings.verify_ms.items()}
+        yield (med(timings.target_ms), med(timings.draft_ms), {n: med(xs) for n, xs in timings.verify_ms.items()},
+               {n: med(xs) for n, xs in timings.block_ms.items()})
 
 
 def advise(settings: list[Setting], timings: Timings, level: float = LEVEL, resamples: int = RESAMPLES,
@@ -196,13 +211,16 @@ def advise(settings: list[Setting], timings: Timings, level: float = LEVEL, resa
         raise ValueError("advise needs at least one setting")
     t0, d0 = median(timings.target_ms), median(timings.draft_ms)
     v0 = {n: median(xs) for n, xs in timings.verify_ms.items()}
-    draws = [[_speedup(s, t, d, v) for s in settings] for t, d, v in _replicates(timings, resamples, seed)]
+    b0 = {n: median(xs) for n, xs in timings.block_ms.items()}
+    draws = [[_speedup(s, t, d, v, b) for s in settings] for t, d, v, b in _replicates(timings, resamples, seed)]
     tail = (1 - level) / 2
     estimates = []
     for i, s in enumerate(settings):
         col = sorted(row[i] for row in draws)
-        c, r = d0 / t0, v0.get(s.verify_tokens, t0) / t0
-        estimates.append(Estimate(s, _speedup(s, t0, d0, v0), _percentile(col, tail), _percentile(col, 1 - tail), c, r))
+        c = (b0.get(s.num_steps + 1, d0) if s.one_forward else d0) / t0
+        r = v0.get(s.verify_tokens, t0) / t0
+        estimates.append(Estimate(s, _speedup(s, t0, d0, v0, b0), _percentile(col, tail), _percentile(col, 1 - tail),
+                                  c, r))
     ranked = sorted((i for i, e in enumerate(estimates) if not e.impossible), key=lambda i: -estimates[i].speedup)
     if not ranked:
         return Advice(NONE, None, None, None, tuple(estimates), level)
@@ -217,8 +235,10 @@ def advise(settings: list[Setting], timings: Timings, level: float = LEVEL, resa
 
 
 def settings_from_rows(rows: list[dict]) -> list[Setting]:
-    """ablate's rows -> settings: verify tokens = the row's num_draft_tokens (k + 1 for a chain)."""
+    """ablate's rows -> settings: verify tokens = the row's num_draft_tokens (k + 1 for a chain); a row with
+    `block_rows` is a block drafter's (one draft forward per cycle)."""
     return [Setting(f"{r['variant']} num_steps={r['num_steps']}"
                     + (f" topk={r['topk']} D={r['num_draft_tokens']}" if r.get("topk", 1) > 1 else ""),
-                    int(r["num_steps"]), int(r["num_draft_tokens"]), float(r["tau"])) for r in rows
+                    int(r["num_steps"]), int(r["num_draft_tokens"]), float(r["tau"]),
+                    r.get("block_rows") is not None) for r in rows
             if r.get("tau") is not None]

@@ -12,8 +12,7 @@ one turn per length, its prompt built by workload/long_context.py (ids `ID/ctxL`
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -21,7 +20,7 @@ from eagle_eval.settings import WorkloadSettings, bundled_missing
 from eagle_eval.records import Prompt, SampleRecord
 from eagle_eval.workload.data import DataError, tokenize_row
 from eagle_eval.workload.datasets import Question, read_jsonl_rows, read_questions, select, to_question
-from eagle_eval.workload.templates import NO_TEMPLATE_IN_TOKENIZER, PromptFormat
+from eagle_eval.workload.templates import PromptFormat, ThinkingIgnored
 
 
 @dataclass
@@ -116,17 +115,14 @@ def load_workload(config: WorkloadSettings, tokenizer, limits=None) -> Workload:
         raise DataError(f"{source['path']}: no prompts")
     fmt = PromptFormat.resolve(tokenizer, config.no_chat_template, config.chat_template, config.system_prompt,
                                config.enable_thinking)
-    notes = []
-    if fmt.source == NO_TEMPLATE_IN_TOKENIZER and config.enable_thinking is not None:
-        notes.append("--enable-thinking/--disable-thinking ignored: the tokenizer has no chat template")
-    for n in notes:
-        warnings.warn(n, stacklevel=2)
     long_context = None
     if config.long_context:
         from eagle_eval.workload.long_context import build
         chosen, long_context = build(questions, chosen, config.long_context, fmt, tokenizer, limits,
                                      config.shuffle_seed or 0, source["path"])
     first = [turn_prompt(q, 1, [], fmt, tokenizer) for q in chosen]
+    if config.enable_thinking is not None:
+        refuse_unread_thinking(config.enable_thinking, chosen, first, fmt, tokenizer, source)
     resolved = {
         "dataset_format": fmt_name,
         "dataset_format_given": config.dataset_format,
@@ -137,7 +133,31 @@ def load_workload(config: WorkloadSettings, tokenizer, limits=None) -> Workload:
                       "answers to them (decoded without special tokens)",
         **({"long_context_workload": long_context} if long_context else {}),
     }
-    return Workload(chosen, fmt, tokenizer, first, resolved, notes)
+    return Workload(chosen, fmt, tokenizer, first, resolved)
+
+
+def refuse_unread_thinking(value: bool, questions: list[Question], first: list[Prompt], fmt: PromptFormat,
+                           tokenizer, source: dict) -> None:
+    """--enable-thinking / --disable-thinking must change what the target reads: the first turns are rendered again
+    with the switch the other way, and when no prompt changes (no template, no row that goes through it, or a template
+    that does not read `enable_thinking`) the switch is refused (ThinkingIgnored), since thinking on and off would
+    measure the same prompts. source: the workload's {"option", "path"}."""
+    option, path = source["option"], source["path"]
+    flag = "--enable-thinking" if value else "--disable-thinking"
+    if fmt.template is None:
+        raise ThinkingIgnored(f"{flag}: the target's tokenizer has no chat template, so nothing reads enable_thinking; "
+                              f"give a template that reads it (--chat-template FILE) or leave {flag} out")
+    templated = [(q, p) for q, p in zip(questions, first) if q.row is None or "messages" in q.row]
+    if not templated:
+        raise ThinkingIgnored(f"{flag}: no prompt of {option} {path} goes through the chat template (rows with "
+                              "'input_ids' or 'prompt' are read as they are), so enable_thinking changes nothing; "
+                              f"give 'messages' rows or a --dataset, or leave {flag} out")
+    other = replace(fmt, enable_thinking=not value)      # fmt renders with `value`
+    if all(turn_prompt(q, 1, [], other, tokenizer).input_ids == p.input_ids for q, p in templated):
+        raise ThinkingIgnored(f"{flag}: the chat template ({fmt.source}) renders every prompt of {path} the same with "
+                              "enable_thinking=True and False: it does not read the switch, so thinking on and off "
+                              f"would be the same prompts; give a template that reads it (--chat-template FILE; "
+                              f"Qwen3's does) or leave {flag} out")
 
 
 def run_turns(workload: Workload, decode: Callable[[Prompt], SampleRecord],

@@ -5,7 +5,9 @@ SHA-256, so a report says exactly how prompts were rendered. `render` turns a co
 {'role', 'content'}) into the prompt text, with the generation prompt added; `encode` tokenizes it.
 With a template the rendered text is tokenized without special tokens (the template writes them);
 without one the contents are joined with blank lines and tokenized with the tokenizer's own special
-tokens, as a plain `prompt` row is.
+tokens, as a plain `prompt` row is. The thinking switch (`enable_thinking`, Qwen3's template kwarg) is passed to
+the template only when given; a switch that changes no prompt is refused (`ThinkingIgnored`,
+workload/conversations.py renders the prompts both ways and compares).
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from eagle_eval.settings import ConfigError
 from eagle_eval.workload.data import DataError
 
 NO_TEMPLATE_GIVEN = "none (--no-chat-template)"
+
+
+class ThinkingIgnored(ConfigError):
+    """--enable-thinking / --disable-thinking given, but no prompt renders differently with it on and off."""
+
 NO_TEMPLATE_IN_TOKENIZER = "none (the tokenizer has no chat template)"
 
 

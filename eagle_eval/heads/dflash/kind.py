@@ -41,6 +41,16 @@ def info(cfg) -> dict:
     return {"block": block_echo(cfg)}
 
 
+def per_num_steps(loaded, num_steps: int) -> tuple[dict, list]:
+    """The block a chain of num_steps drafts (num_steps + 1 rows) beside the trained one, and the finding
+    dflash-block-size when they differ (dflash/wire.py, as a run reports its own num_steps)."""
+    from eagle_eval.heads.dflash.wire import block_size_finding
+
+    cfg, found = loaded.config, block_size_finding(loaded.config, num_steps, loaded.config_file)
+    return ({"block_rows": num_steps + 1, "trained_block_size": cfg.block_size,
+             "matches_trained_block": num_steps + 1 == cfg.block_size}, [found] if found is not None else [])
+
+
 def kv_bytes(cfg, size: int) -> int:
     """The context K and V of every draft layer, per verified token (the block's are dropped after each draft)."""
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * size
@@ -60,4 +70,4 @@ KIND = HeadKind(
     name="dflash", description="a block drafter (DFlash / DFlash2): one non-causal draft forward per cycle",
     architectures="'DFlashDraftModel' / 'DFlash2DraftModel' (z-lab), speculators_model_type 'dflash' (speculators)",
     detect=detect, load=load, default_taps=lambda num_layers, cfg: list(cfg.aux_hf), kv_bytes=kv_bytes, meta=meta,
-    info=info, wire=wire)
+    info=info, wire=wire, per_num_steps=per_num_steps)

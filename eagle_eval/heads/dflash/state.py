@@ -22,7 +22,8 @@ The batched loop (loop/batched.py) asks the drafting state's class for its batch
 capacity, device)` gives dflash/batched.py `BlockRows` (the same computation for B rows over per-row context
 caches), and `capture_blocker` says why that cycle is not replayed as a CUDA graph (loop/graphed.py). The
 teacher-forced profile asks it for `run_lengths` (dflash/all_starts.py: every start of a sequence in one block
-forward, once per num_steps, since the drafts depend on the block's length).
+forward, once per num_steps, since the drafts depend on the block's length). `one_forward` tells the speedup model
+(profile/costs.py, stats/advice.py) that a cycle's drafts cost one forward of num_steps + 1 rows, not num_steps.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class BlockDraftState:
     # on a GPU here, so it runs eager
     capture_blocker = ("a block drafter's cycle (DFlash) is not captured as a CUDA graph (capture not measured on a "
                        "GPU yet): the loop runs eager")
+    one_forward = True            # a cycle's num_steps drafts come from ONE block forward (the speedup model's cost)
 
     @staticmethod
     def rows(head: DFlashHead, embed, batch: int, capacity: int, device):
