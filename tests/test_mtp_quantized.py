@@ -273,6 +273,17 @@ def config_only(mtp_targets, tmp_path, quantization_config: dict):
     return tmp_path
 
 
+def index_only(folder, tmp_path):
+    """config.json and a safetensors index naming the checkpoint's tensors, no weights."""
+    import json
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    names = dict.fromkeys(load_file(folder / "model.safetensors"), "model.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": names}))
+    return tmp_path
+
+
 ATTN = {f"blocks.0.self_attn.{p}" for p in ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")}
 SHARED = {f"blocks.0.mlp.shared_experts.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
 EVERY = ATTN | SHARED | {"blocks.0.mlp.experts", "fusions.0.proj"}
@@ -292,6 +303,9 @@ def test_plan_counts_an_int4_targets_mtp_layer_as_held(built, plain_stack, mtp_t
                                     "rest at float32")
     assert {p["part"]: p["format"] for p in plan.head["parts"]}["routed experts"] == "int4 packed + scales"
     assert plan_mtp(built["int4/plain"]).head["bytes"] == unquantized
+    named = plan_mtp(index_only(built["int4"], tmp_path / "int4-index"))          # the index's weight_packed names
+    assert named.head["bytes"] == plan.head["bytes"] and "from the safetensors index's" in named.head["weights"]
+    assert named.target["bytes"] == plan.target["bytes"]      # the target's index rule leaves the MTP layer out
     every = plan_mtp(built["int4-all"])
     assert every.head["bytes"] == held_bytes(plain_stack, EVERY, "int4")
     # config.json alone (Kimi's quantization_config): its rule on the checkpoint's names, as for the target's layers:
@@ -312,6 +326,8 @@ def test_plan_counts_an_fp8_targets_mtp_layer_as_held(built, plain_stack, mtp_ta
     assert plan.head["bytes"] == held_bytes(plain_stack, EVERY, "fp8") != unquantized
     assert plan.head["weights"] == ("held as the target's: 9 modules in FP8 (block [8, 8], fp32 scales), from the "
                                     "safetensors headers; the rest at float32")
+    named = plan_mtp(index_only(built["fp8"], tmp_path / "fp8-index"))        # the index's weight_scale_inv names
+    assert named.head["bytes"] == plan.head["bytes"] and "from the safetensors index's" in named.head["weights"]
     # config.json alone: transformers' rule, every Linear and experts module but modules_to_not_convert, which names
     # the checkpoint's modules (the MTP layer is model.layers.2 here)
     alone = plan_mtp(config_only(mtp_targets, tmp_path / "fp8", fp8))

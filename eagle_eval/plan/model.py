@@ -259,7 +259,7 @@ def _hold_int4(model, folder: Path, scheme, dtype, prefix: str, index_names: lis
     `own`: checkpoint key -> the model's tensor name or None (default: the key less `prefix`);
     `checkpoint_name`: a module's name as config.json's targets / ignore see it (default: the target's own names,
     those of its text model)."""
-    from eagle_eval.models.quant.int4_load import _weight_shapes, checkpoint_tensors, hold_packed
+    from eagle_eval.models.quant.int4_load import _weight_shapes, checkpoint_tensors, hold_packed, not_the_models
 
     own = own or _prefixed(prefix)
     sites = _linear_sites(model)
@@ -271,9 +271,10 @@ def _hold_int4(model, folder: Path, scheme, dtype, prefix: str, index_names: lis
         held = hold_packed(model, {name: stored[k] for k, name in names.items()}, scheme, dtype, shapes)
         source = "the safetensors headers"
     else:
-        if index_names is not None:
-            packed = {name.removesuffix(".weight_packed") for k in index_names
-                      if k.endswith(".weight_packed") and (name := own(k)) is not None}
+        if index_names is not None:                    # less what the model does not hold (hold_packed's rule)
+            skip = not_the_models(model)
+            packed = {name.removesuffix(".weight_packed") for k in index_names if k.endswith(".weight_packed")
+                      and (name := own(k)) is not None and not any(p.search(name) for p in skip)}
             source = "the safetensors index's tensor names"
         else:
             modules = dict(model.named_modules())
