@@ -11,6 +11,8 @@ decompression for INT4, W = fp8 * weight_scale_inv per block for FP8), which no 
   target's --fp8-matmul (dequantize here: no kernel).
 In fp32 the held forms compute the same weights as the plain copy (expanded per matmul vs on load), so the runs are
 equal token for token and in accepted drafts per cycle.
+`plan --draft mtp` counts the MTP layer as held: from the headers, and from config.json alone by the target's rule;
+the expected bytes are written here from the plain stack's module shapes and each format's tensors.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from eagle_eval.heads.eagle3.config import CheckpointError
 from eagle_eval.heads.mtp.keys import checkpoint_tensors
 from eagle_eval.heads.mtp.load import load_from_target
 from eagle_eval.models.quant.int4 import PackedInt4Experts, PackedInt4Linear
+from eagle_eval.plan.command import render_plan
 from eagle_eval.results.report import render_table
 from eagle_eval.settings import Settings
 
@@ -216,3 +219,120 @@ def test_what_cannot_be_held_as_the_target_is_refused_naming_the_file_and_key(bu
                                                         r"\(a quantization scale or packed weight\): the target is "
                                                         r"block FP8 held in FP8"):
         load_from_target(load_target(edited(built["fp8"], tmp_path / "d", static)))
+
+
+# `eagle-eval plan --draft mtp`: the MTP layer's bytes as held, against the sum written here from the plain stack's
+# module shapes (the loader's, read from the unquantized trained checkpoint) and each format's tensors
+def held_bytes(plain, quantized: set[str], fmt: str, group: int = 16, block: tuple[int, int] = BLOCK) -> int:
+    """Bytes of the fp32 MTP stack `plain` with the modules in `quantized` (stack names; an experts module: all its
+    experts) held as `fmt`: INT4 per Linear [out, in]: int32 words out x ceil(in / 8), bf16 scales out x in / group,
+    an int64 shape of 2; FP8 per weight [.., out, in]: one byte a value, fp32 scale_inv per (block x block)."""
+    import math
+
+    def linear(out, inp, experts=1):
+        if fmt == "int4":
+            return experts * (out * math.ceil(inp / 8) * 4 + out * (inp // group) * 2 + 2 * 8)
+        return experts * (out * inp + math.ceil(out / block[0]) * math.ceil(inp / block[1]) * 4)
+
+    total = 0
+    for name, t in plain.state_dict().items():
+        module = name.rsplit(".", 1)[0]
+        if module not in quantized:
+            total += t.numel() * 4
+        elif name.endswith(".experts.gate_up_proj"):                   # [E, 2I, H]: gate and up, each [I, H]
+            e, two_i, h = t.shape
+            total += linear(two_i // 2, h, 2 * e) if fmt == "int4" else linear(two_i, h, e)
+        elif name.endswith(".experts.down_proj"):                      # [E, H, I]
+            total += linear(t.shape[1], t.shape[2], t.shape[0])
+        else:
+            assert name.endswith(".weight") and t.dim() == 2, name     # a Linear without a bias
+            total += linear(*t.shape)
+    return total
+
+
+def plan_mtp(folder, **kw):
+    from eagle_eval.plan.command import make_plan
+    from eagle_eval.settings import PlanOptions
+
+    return make_plan(PlanOptions(target=str(folder), draft="mtp", gpus=1, gpu_memory="10GiB", dtype="fp32", **kw))
+
+
+@pytest.fixture(scope="module")
+def plain_stack(mtp_targets):
+    return load_from_target(load_target(mtp_targets("deepseek_v3")[0])).head
+
+
+def config_only(mtp_targets, tmp_path, quantization_config: dict):
+    """The trained target's config.json alone (no weights, no index), with `quantization_config`."""
+    import json
+
+    config = json.loads((mtp_targets("deepseek_v3")[0] / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def index_only(folder, tmp_path):
+    """config.json and a safetensors index naming the checkpoint's tensors, no weights."""
+    import json
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    names = dict.fromkeys(load_file(folder / "model.safetensors"), "model.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": names}))
+    return tmp_path
+
+
+ATTN = {f"blocks.0.self_attn.{p}" for p in ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")}
+SHARED = {f"blocks.0.mlp.shared_experts.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
+EVERY = ATTN | SHARED | {"blocks.0.mlp.experts", "fusions.0.proj"}
+
+
+def test_plan_counts_an_int4_targets_mtp_layer_as_held(built, plain_stack, mtp_targets, tmp_path):
+    from quant_fixtures import _int4_quantization_config
+
+    unquantized = sum(t.numel() * 4 for t in plain_stack.state_dict().values())
+    # the safetensors headers decide: the routed experts packed, eh_proj / attention / shared experts as stored
+    plan = plan_mtp(built["int4"])
+    assert plan.head["bytes"] == held_bytes(plain_stack, {"blocks.0.mlp.experts"}, "int4") != unquantized
+    held = load_from_target(load_target(built["int4"])).head                         # the loader's own holding
+    assert plan.head["bytes"] == sum(t.numel() * t.element_size() for t in held.state_dict().values())
+    assert plan.head["weights"] == ("held as the target's: 12 Linear weights packed (INT4 symmetric, group 16, "
+                                    "pack-quantized (int32 words, 8 values each)), from the safetensors headers; the "
+                                    "rest at float32")
+    assert {p["part"]: p["format"] for p in plan.head["parts"]}["routed experts"] == "int4 packed + scales"
+    assert plan_mtp(built["int4/plain"]).head["bytes"] == unquantized
+    named = plan_mtp(index_only(built["int4"], tmp_path / "int4-index"))          # the index's weight_packed names
+    assert named.head["bytes"] == plan.head["bytes"] and "from the safetensors index's" in named.head["weights"]
+    assert named.target["bytes"] == plan.target["bytes"]      # the target's index rule leaves the MTP layer out
+    every = plan_mtp(built["int4-all"])
+    assert every.head["bytes"] == held_bytes(plain_stack, EVERY, "int4")
+    # config.json alone (Kimi's quantization_config): its rule on the checkpoint's names, as for the target's layers:
+    # the experts and eh_proj (a Linear no ignore pattern names) packed, attention and shared experts plain
+    kimi = plan_mtp(config_only(mtp_targets, tmp_path / "kimi", _int4_quantization_config(16, KIMI_IGNORE)))
+    assert kimi.head["bytes"] == held_bytes(plain_stack, {"blocks.0.mlp.experts", "fusions.0.proj"}, "int4")
+    assert kimi.head["weights"].startswith("held as the target's: 13 Linear weights packed")
+    assert "from config.json's quantization_config targets / ignore, on the checkpoint's names" in kimi.head["weights"]
+    assert f"  weights {kimi.head['weights']}" in render_plan(kimi).splitlines()
+    # --quantized dequantized: every weight in the dtype, as the target's
+    assert plan_mtp(built["int4"], quantized="dequantized").head["bytes"] == unquantized
+
+
+def test_plan_counts_an_fp8_targets_mtp_layer_as_held(built, plain_stack, mtp_targets, tmp_path):
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": list(BLOCK)}
+    unquantized = sum(t.numel() * 4 for t in plain_stack.state_dict().values())
+    plan = plan_mtp(built["fp8"])                         # the headers: every projection FP8, eh_proj included
+    assert plan.head["bytes"] == held_bytes(plain_stack, EVERY, "fp8") != unquantized
+    assert plan.head["weights"] == ("held as the target's: 9 modules in FP8 (block [8, 8], fp32 scales), from the "
+                                    "safetensors headers; the rest at float32")
+    named = plan_mtp(index_only(built["fp8"], tmp_path / "fp8-index"))        # the index's weight_scale_inv names
+    assert named.head["bytes"] == plan.head["bytes"] and "from the safetensors index's" in named.head["weights"]
+    # config.json alone: transformers' rule, every Linear and experts module but modules_to_not_convert, which names
+    # the checkpoint's modules (the MTP layer is model.layers.2 here)
+    alone = plan_mtp(config_only(mtp_targets, tmp_path / "fp8", fp8))
+    assert alone.head["bytes"] == held_bytes(plain_stack, EVERY, "fp8")
+    skip = plan_mtp(config_only(mtp_targets, tmp_path / "skip", {**fp8, "modules_to_not_convert": [
+        "model.layers.2.self_attn", "eh_proj"]}))
+    assert skip.head["bytes"] == held_bytes(plain_stack, SHARED | {"blocks.0.mlp.experts"}, "fp8")
+    assert "from transformers' FP8 rule on config.json" in skip.head["weights"]

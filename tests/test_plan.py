@@ -144,6 +144,27 @@ def test_plan_from_an_index_places_as_the_loader_does(tmp_path):
     assert len(set(placed.values())) == 3 and "model.layers.1" in placed       # the layers split over the GPUs
 
 
+def test_a_wrappers_text_model_planned_from_its_headers_reads_the_shapes_under_the_checkpoints_keys(tmp_path):
+    """A Kimi-K2.5-style wrapper built from its text_config (no --trust-remote-code): the checkpoint's keys carry
+    `language_model.`, the model's names do not; the packed modules' weight_shape values are read under the
+    checkpoint's keys (a raw safetensors error before), and the count equals the index-only plan's."""
+    from quant_fixtures import make_kimi_int4_target
+
+    from eagle_eval.models.quant.int4_load import checkpoint_tensors
+
+    full = make_kimi_int4_target(tmp_path / "kimi")
+    with_headers = held_meta_model(full, torch.float32)
+    assert with_headers.prefix == "language_model." and with_headers.formats["source"] == "the safetensors headers"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(full / "config.json", bare / "config.json")
+    (bare / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": dict.fromkeys(checkpoint_tensors(full), "x.safetensors")}))
+    size = lambda m: sum(t.numel() * t.element_size() for t in m.state_dict(keep_vars=True).values())  # noqa: E731
+    assert size(with_headers.model) == size(held_meta_model(bare, torch.float32).model)
+    assert with_headers.formats["held"].startswith("24 Linear weights packed")        # 2 MoE layers x 4 experts x 3
+
+
 def test_head_bytes_and_kv_ride_with_the_lm_head(tmp_path):
     target = make_target(tmp_path / "t", family="llama", num_layers=4)
     head = make_head(tmp_path / "h")

@@ -39,7 +39,9 @@ class HeadKind:
     # server-check's hypotheses and diagnose's sweep in place of the aux-layer faults (None: those)
     variants: Callable | None = None
     # (target config.json dict, its path, the target's text decoder built on the meta device) -> (head on the meta
-    # device, its config): `plan` of a kind read from the target's checkpoint (`keyword`)
+    # device, its config, its names: `parameter(checkpoint key)` -> the head's tensor or None,
+    # `checkpoint_name(tensor)`, `unused()`): `plan` of a kind read from the target's checkpoint (`keyword`), held as
+    # the target's weights are
     meta_from_target: Callable | None = None
     # (loaded head, num_steps) -> (row echo dict, findings): what a chain of num_steps drafts runs with this kind when
     # that depends on num_steps beyond the count (a block drafter: one block of num_steps + 1 rows, against the block

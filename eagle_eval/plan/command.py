@@ -7,7 +7,9 @@ Contract: `make_plan(PlanRequest)` -> Plan, a JSON-ready record; `render_plan(pl
 - every tensor of the target as held (plan/model.py: bf16, FP8 blocks with their scales, INT4 packed
   words with their scales), by part (embeddings, attention, dense MLP, routed and shared experts, router,
   norms, lm_head, other), and the head (built on the meta device, in the target's dtype) on the GPU that
-  holds the lm_head, as oracle.py places it;
+  holds the lm_head, as oracle.py places it; a head read from the target's checkpoint (`--draft mtp`) held as
+  the target's weights are, per module (plan/model.py `hold_like_target`: INT4 packed, FP8 with its scales,
+  the rest in the dtype), its record saying how (`weights`) with its parts;
 - the KV cache per token as transformers stores it: MLA targets (DeepSeek family) the latent
   (kv_lora_rank + qk_rope_head_dim per layer) when the installed transformers caches it
   (`DeepseekV3Attention.expand_kv`, transformers >= the version with #47761: 5.24 does), else the expanded
@@ -33,7 +35,7 @@ from pathlib import Path
 import torch
 
 from eagle_eval.models.files import read_json_file
-from eagle_eval.plan.model import PlanError, head_meta, held_meta_model
+from eagle_eval.plan.model import PlanError, head_meta, held_meta_model, hold_like_target
 from eagle_eval.models.placement import infer_placement, quiet_accelerate
 from eagle_eval.settings import PLAN_LIMITS
 from eagle_eval.units import parse_size, spell_size
@@ -160,9 +162,10 @@ def _kv_layer_bytes(model, decoder, dtype: torch.dtype) -> tuple[list[tuple[int,
     return [(per, w) for w in windows], how, 2 * heads * head_dim * size
 
 
-def _head_bytes(req: PlanRequest, dtype, folder, decoder) -> tuple[dict | None, int, int]:
+def _head_bytes(req: PlanRequest, dtype, folder, decoder, held) -> tuple[dict | None, int, int]:
     """(the head's record, its bytes, its KV bytes per token); a kind named by keyword (`--draft mtp`) is built from
-    the target's config.json and text decoder (`HeadKind.meta_from_target`)."""
+    the target's config.json and text decoder (`HeadKind.meta_from_target`) and held as the target's weights are
+    (plan/model.py `hold_like_target`: its record's `weights` says how)."""
     if not req.draft:
         return None, 0, 0
     from eagle_eval.heads.kind import keyword_kind, kind
@@ -172,14 +175,19 @@ def _head_bytes(req: PlanRequest, dtype, folder, decoder) -> tuple[dict | None, 
     if by_keyword is not None:
         config_file = folder / "config.json"
         with torch.device("meta"):
-            head, cfg = by_keyword.meta_from_target(read_json_file(config_file, PlanError), config_file, decoder)
+            head, cfg, names = by_keyword.meta_from_target(read_json_file(config_file, PlanError), config_file,
+                                                           decoder)
         head, kind_name = head.to(dtype), by_keyword.name
+        how = hold_like_target(head, held, folder, dtype, req.quantized == "held", names)
     else:       # a head's weights are small and their header tells whether it ships its own embedding table
         head, cfg, kind_name = head_meta(model_folder(req.draft, req.draft_revision, "--draft", HEAD_FILES), dtype)
     size = torch.tensor([], dtype=dtype).element_size()
     weights = sum(t.numel() * t.element_size() for t in head.state_dict(keep_vars=True).values())   # as parts_of
     per = kind(kind_name).kv_bytes(cfg, size)               # the head kind's draft KV (heads/kind.py)
-    return {"path": req.draft, "kind": kind_name, "bytes": weights, "kv_per_token": per}, weights, per
+    record = {"path": req.draft, "kind": kind_name, "bytes": weights, "kv_per_token": per}
+    if by_keyword is not None:
+        record.update(weights=how, parts=parts_of(head))
+    return record, weights, per
 
 
 def _attach(model, decoder_path: str, layer_kv: list[int], head_total: int, lm_head: str) -> None:
@@ -258,7 +266,7 @@ def make_plan(req: PlanRequest) -> Plan:
                                                                            None)
     if not context:
         raise PlanError(f"{folder / 'config.json'}: no max_position_embeddings; give --max-context N")
-    head, head_bytes, head_kv = _head_bytes(req, dtype, folder, decoder)
+    head, head_bytes, head_kv = _head_bytes(req, dtype, folder, decoder, held)
     kv_layers, kv_how, working = _kv_layer_bytes(model, decoder, dtype)
     lm_head = next(n for n, m in model.named_modules() if m is decoder.output_embeddings)
     parts = parts_of(model)
@@ -390,6 +398,8 @@ def render_plan(plan: Plan) -> str:
     lines.append(f"{'target total':<46}{sum(p['parameters'] for p in plan.parts):>18,}{human(t['bytes']):>12}")
     if plan.head:
         lines.append(f"{'head (' + plan.head['kind'] + ')':<64}{human(plan.head['bytes']):>12}")
+        if plan.head.get("weights"):
+            lines.append(f"  weights {plan.head['weights']}")
     kv = plan.kv
     lines += ["", f"KV cache  {kv['per_token']:,} bytes per token ({kv['how']})"
               + (f" + head {kv['head_per_token']:,}" if kv["head_per_token"] else "")

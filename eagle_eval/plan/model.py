@@ -16,6 +16,8 @@ Contract:
   hold (an MTP layer transformers ignores, a wrapper's vision tower when only its text model was built),
   by pattern, and its `total_size`.
 - `head_meta(folder, dtype)` -> (head on the meta device, its config, its kind): the draft head eagle-eval would load.
+- `hold_like_target(head, target, folder, dtype, held, names)`: a head read from the target's checkpoint (`--draft
+  mtp`) held as the target's weights are, per module, by the same swaps (see the function); returns how.
 - Before anything is built, `check_sizes`: every size of config.json (its text_config, the head's config) a
   whole number in range (`SIZES`); once the config object exists and before the model, `no_invented_sizes`:
   no size the file leaves out where the config class would fill in a default of its own. The models are
@@ -120,6 +122,8 @@ class HeldModel:
     notes: list[str] = field(default_factory=list)
     formats: dict = field(default_factory=dict)  # quantization as held: method, what, source
     checkpoint: dict | None = None               # the index's view (see the module contract)
+    prefix: str = ""                             # the checkpoint's names of the model's tensors: prefix + name
+    index_names: list[str] | None = None         # the safetensors index's tensor names, when there is an index
 
 
 def _text_class(text: dict, where: Path):
@@ -244,33 +248,44 @@ def _int4_entries(sites: dict, packed: set, where: Path, group: int):
     return entries, shapes
 
 
-def _strip(names, prefix: str) -> list[str]:
-    return [n[len(prefix):] for n in names if n.startswith(prefix)] if prefix else list(names)
+def _prefixed(prefix: str):
+    """A checkpoint key -> the model's tensor name (the key less `prefix`), None for a key without it."""
+    return lambda key: key[len(prefix):] if key.startswith(prefix) else None
 
 
-def _hold_int4(model, folder: Path, scheme, dtype, prefix: str, index_names: list[str] | None) -> tuple[str, int]:
-    """Swap the INT4 modules (module contract); (where the list of packed modules came from, how many)."""
-    from eagle_eval.models.quant.int4_load import checkpoint_tensors, hold_packed
+def _hold_int4(model, folder: Path, scheme, dtype, prefix: str, index_names: list[str] | None,
+               own=None, checkpoint_name=None) -> tuple[str, int]:
+    """Swap the INT4 modules (module contract); (where the list of packed modules came from, how many).
+    `own`: checkpoint key -> the model's tensor name or None (default: the key less `prefix`);
+    `checkpoint_name`: a module's name as config.json's targets / ignore see it (default: the target's own names,
+    those of its text model)."""
+    from eagle_eval.models.quant.int4_load import _weight_shapes, checkpoint_tensors, hold_packed, not_the_models
 
+    own = own or _prefixed(prefix)
     sites = _linear_sites(model)
     if any(folder.glob("*.safetensors")):
-        entries = checkpoint_tensors(folder)
-        if prefix:
-            entries = {k[len(prefix):]: v for k, v in entries.items() if k.startswith(prefix)}
-        held = hold_packed(model, entries, scheme, dtype)
+        stored = checkpoint_tensors(folder)
+        names = {k: name for k in stored if (name := own(k)) is not None}
+        shapes = {names[k]: v for k, v in _weight_shapes(stored, [k for k in names if k.endswith(".weight_shape")])
+                  .items()}                                # read under the checkpoint's keys, named as the model's
+        held = hold_packed(model, {name: stored[k] for k, name in names.items()}, scheme, dtype, shapes)
         source = "the safetensors headers"
     else:
-        if index_names is not None:
-            packed = {n.removesuffix(".weight_packed") for n in _strip(index_names, prefix)
-                      if n.endswith(".weight_packed")}
+        if index_names is not None:                    # less what the model does not hold (hold_packed's rule)
+            skip = not_the_models(model)
+            packed = {name.removesuffix(".weight_packed") for k in index_names if k.endswith(".weight_packed")
+                      and (name := own(k)) is not None and not any(p.search(name) for p in skip)}
             source = "the safetensors index's tensor names"
         else:
             modules = dict(model.named_modules())
             linear = nn.Linear(1, 1, device="meta")
-            text = _text_model_prefix(model)
-            packed = {n for n in sites if n.startswith(text) and _match(n, modules.get(n, linear), scheme.targets)
-                      and not _match(n, modules.get(n, linear), scheme.ignore)}
-            source = ("config.json's quantization_config targets / ignore, on the text model"
+            text = "" if checkpoint_name else _text_model_prefix(model)
+            seen = checkpoint_name or (lambda n: n)
+            packed = {n for n in sites if n.startswith(text)
+                      and _match(seen(n), modules.get(n, linear), scheme.targets)
+                      and not _match(seen(n), modules.get(n, linear), scheme.ignore)}
+            source = ("config.json's quantization_config targets / ignore"
+                      + (", on the checkpoint's names" if checkpoint_name else ", on the text model")
                       + (f" ({text.rstrip('.')})" if text else ""))
         modules = dict(model.named_modules())
         fused = sorted({n.rsplit(".", 2)[0] for n in packed if n not in modules})
@@ -347,7 +362,7 @@ def held_meta_model(folder: Path, dtype: torch.dtype, held: bool = True, trust_r
     index = read_json_file(index_file, PlanError, "a safetensors index") if index_file.is_file() else None
     names = sorted((index or {}).get("weight_map") or {}) if index else None
     model, built, prefix = _build(folder, config, dtype, trust_remote_code, context_given)
-    out = HeldModel(model=model.eval(), built=built)
+    out = HeldModel(model=model.eval(), built=built, prefix=prefix, index_names=names)
     qc = checkpoint_quantization_config(folder) or {}
     scheme = int4_scheme(qc, folder / "config.json")
     if scheme is not None and held:
@@ -366,6 +381,68 @@ def held_meta_model(folder: Path, dtype: torch.dtype, held: bool = True, trust_r
     if names is not None:
         out.checkpoint = _index_view(model, names, index, prefix)
     return out
+
+
+def hold_like_target(head, target: HeldModel, folder: Path, dtype: torch.dtype, held: bool, names) -> str:
+    """Hold `head`, a draft read from the target's own checkpoint (`--draft mtp`: its MTP layers, on the meta device,
+    in `dtype`), as the target's weights are held (module contract); returns how, for the report. `names`: the
+    head's checkpoint names (heads/mtp/keys.py KeyMap: `parameter(key)`, `checkpoint_name(tensor)`, `unused()`).
+    Per module, as the MTP loader holds it (heads/mtp/quant.py) and by the target's rules here:
+    - pack-quantized INT4: `_hold_int4`, the target's code: the modules the safetensors headers ship packed, else the
+      index's `weight_packed` names, else config.json's targets / ignore matched on the checkpoint's module names
+      (an `eh_proj` no ignore pattern names is packed, as a target's Linear would be);
+    - block FP8 held: transformers' FP8Linear / FP8Experts (heads/mtp/quant.py `swap_fp8`) for the modules the headers
+      ship F8_E4M3, else those with a `weight_scale_inv` in the index, else transformers' rule on config.json (every
+      Linear and experts module but `modules_to_not_convert`, matched by transformers' `should_convert_module` on the
+      checkpoint's names);
+    - otherwise (not quantized, dequantized, a format not held): every weight in `dtype`, as the target's."""
+    from eagle_eval.heads.mtp.quant import fp8_convertible, fp8_modules, swap_fp8
+    from eagle_eval.models.quant.info import checkpoint_quantization_config
+    from eagle_eval.models.quant.int4 import Int4Error, int4_scheme
+    from eagle_eval.models.quant.int4_load import checkpoint_tensors
+
+    qc = checkpoint_quantization_config(folder) or {}
+    scheme = int4_scheme(qc, folder / "config.json")
+    rest = f"the rest at {str(dtype).removeprefix('torch.')}"
+    unused = {k.rpartition(".")[0] for k in names.unused()}
+    strip = _prefixed(target.prefix)
+
+    def own(key: str) -> str | None:
+        key = strip(key)
+        return None if key is None or key.rpartition(".")[0] in unused else names.parameter(key)
+
+    def checkpoint_name(module: str) -> str:
+        return names.checkpoint_name(module + ".weight").removesuffix(".weight")
+
+    if scheme is not None and held:
+        try:
+            source, count = _hold_int4(head, folder, scheme, dtype, target.prefix, target.index_names, own,
+                                       checkpoint_name)
+        except Int4Error as exc:
+            raise Int4Error(names.in_checkpoint_words(str(exc))) from exc
+        return f"held as the target's: {count} Linear weights packed ({scheme.describe()}), from {source}; {rest}"
+    if qc.get("quant_method") == "fp8" and held:
+        from transformers.quantizers.auto import AutoHfQuantizer
+        from transformers.quantizers.quantizers_utils import should_convert_module
+
+        if any(folder.glob("*.safetensors")):
+            fp8 = fp8_modules(name for k, e in checkpoint_tensors(folder).items()
+                              if e.dtype == torch.float8_e4m3fn and (name := own(k)) is not None)
+            source = "the safetensors headers"
+        elif target.index_names is not None:
+            fp8 = fp8_modules(name.removesuffix("_scale_inv") for k in target.index_names
+                              if k.endswith(".weight_scale_inv") and (name := own(k)) is not None)
+            source = "the safetensors index's weight_scale_inv names"
+        else:
+            skip = qc.get("modules_to_not_convert")
+            fp8 = {n for n in fp8_convertible(head) if should_convert_module(checkpoint_name(n), skip)}
+            source = ("transformers' FP8 rule on config.json (every Linear and experts module but "
+                      "modules_to_not_convert)")
+        swap_fp8(head, fp8, AutoHfQuantizer.from_config(dict(qc), pre_quantized=True).quantization_config)
+        return (f"held as the target's: {len(fp8)} modules in FP8 (block {qc.get('weight_block_size')}, fp32 scales), "
+                f"from {source}; {rest}")
+    return f"at {str(dtype).removeprefix('torch.')}, as the target's" + (
+        f" ({target.formats['held']})" if target.formats else " (not quantized)")
 
 
 def _index_view(model, names: list[str], index: dict, prefix: str) -> dict:

@@ -46,7 +46,8 @@ def variants(settings, resolved) -> list[tuple[str, str, dict]]:
 
 
 def meta_from_target(config: dict, config_file, decoder):
-    """The MTP layers `--draft mtp` would load, on the meta device (the caller's device context), and their config."""
+    """The MTP layers `--draft mtp` would load, on the meta device (the caller's device context), their config, and
+    their heads/mtp/keys.py KeyMap (the checkpoint names of their tensors: `plan` holds them as the target's are)."""
     from eagle_eval.heads.mtp.load import meta_stack
 
     return meta_stack(config, config_file, decoder)

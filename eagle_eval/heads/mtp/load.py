@@ -258,13 +258,15 @@ def _config(config: dict, config_file: Path, text_config, num_target_layers: int
                      text_config=block_config(text_config, family))
 
 
-def meta_stack(config: dict, config_file: Path, decoder) -> tuple[MTPStack, MTPConfig]:
+def meta_stack(config: dict, config_file: Path, decoder) -> tuple[MTPStack, MTPConfig, KeyMap]:
     """(the MTPStack `--draft mtp` would load for this target, built in the caller's device context, e.g. meta; its
-    config) from the target's config.json and its text decoder (models/text_decoder.py), no weight read (`plan`)."""
+    config; its KeyMap: the checkpoint names of its tensors, in the names of the model the decoder is in) from the
+    target's config.json and its text decoder (models/text_decoder.py), no weight read (`plan`)."""
     block_class = type(decoder.layers[0])
     cfg = _config(config, config_file, decoder.config, len(decoder.layers), decoder.config.hidden_size,
                   decoder.output_embeddings.weight.shape[0], block_class)
-    return MTPStack(cfg, block_class), cfg
+    keys = KeyMap(cfg.family, decoder.path.partition(".")[2] + ".layers", cfg.target_layers, cfg.num_layers)
+    return MTPStack(cfg, block_class), cfg, keys
 
 
 def load_export(path: Path, config_file: Path, config: dict):

@@ -114,15 +114,30 @@ class _Holder(nn.Module):
         self.stack = stack
 
 
-def _swap_fp8(stack: nn.Module, fp8_modules: set[str], holding: Holding) -> None:
+def fp8_convertible(stack: nn.Module) -> list[str]:
+    """The stack's modules transformers' FP8 swap can convert: its Linear layers and experts modules."""
+    return [n for n, m in stack.named_modules() if type(m) is nn.Linear or n.endswith(".experts")]
+
+
+def fp8_modules(weights) -> set[str]:
+    """The stack modules that hold the FP8 weight tensors named `weights` (an expert's: its experts module)."""
+    modules = set()
+    for name in weights:
+        module = name.rsplit(".", 1)[0]
+        m = re.match(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj)$", module)
+        modules.add(m[1] if m else module)
+    return modules
+
+
+def swap_fp8(stack: nn.Module, fp8: set[str], quantization_config) -> None:
     """transformers' own swap of the target's modules (FineGrainedFP8HfQuantizer before loading), on the stack:
-    a Linear or experts module becomes FP8Linear / FP8Experts where the checkpoint ships it FP8."""
+    a Linear or experts module named in `fp8` becomes FP8Linear / FP8Experts (`quantization_config`: the target's,
+    transformers' object). Also `plan`'s, on the meta device."""
     from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear
 
-    convertible = [n for n, m in stack.named_modules() if type(m) is nn.Linear or n.endswith(".experts")]
-    keep = [re.escape(f"stack.{n}") for n in convertible if n not in fp8_modules]
-    replace_with_fp8_linear(_Holder(stack), modules_to_not_convert=keep,
-                            quantization_config=holding.quantization_config, pre_quantized=True)
+    keep = [re.escape(f"stack.{n}") for n in fp8_convertible(stack) if n not in fp8]
+    replace_with_fp8_linear(_Holder(stack), modules_to_not_convert=keep, quantization_config=quantization_config,
+                            pre_quantized=True)
 
 
 def swap(stack: nn.Module, stored: dict, holding: Holding | None, shapes: dict[str, list[int]], dtype) -> None:
@@ -132,13 +147,8 @@ def swap(stack: nn.Module, stored: dict, holding: Holding | None, shapes: dict[s
     if holding is None or holding.method == FP8_DEQUANTIZED:
         return
     if holding.method == FP8_HELD:
-        modules = set()
-        for name, (_, dt, _) in stored.items():
-            if dt == "F8_E4M3":
-                module = name.rsplit(".", 1)[0]
-                m = re.match(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj)$", module)
-                modules.add(m[1] if m else module)
-        _swap_fp8(stack, modules, holding)
+        swap_fp8(stack, fp8_modules(n for n, (_, dt, _) in stored.items() if dt == "F8_E4M3"),
+                 holding.quantization_config)
         return
     from eagle_eval.models.quant.int4_load import DTYPES, Entry, hold_packed
 
