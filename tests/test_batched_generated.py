@@ -53,8 +53,8 @@ class CopyHead(Eagle3Head):
         self.register_buffer("table", table.clone())              # [V, H] the target's embedding table
         self.register_buffer("successor", successor.clone())      # [V] the target's argmax after each token
 
-    def attention_input(self, embeds, hidden):
-        u, _ = super().attention_input(embeds, hidden)
+    def attention_input(self, embeds, hidden, positions=None):
+        u, _ = super().attention_input(embeds, hidden, positions)
         return u, embeds
 
     def finish(self, residual, attn_out):
