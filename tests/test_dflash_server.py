@@ -88,3 +88,20 @@ def test_taps_read_as_hf_indices_are_named(settings, checker):
     hyp = result.report["hypotheses"]
     assert result.exit_status == 1 and hyp["explanation"] == "aux_hf_minus_1", render_server_check(result.report)
     assert "vllm_v1_reads_nested_ids" not in [h["name"] for h in hyp["ranking"]]     # an EAGLE-3 config's key
+
+
+def test_a_server_norming_context_keys_as_vllms_cpu_build_is_named(settings, checker):
+    """A stand-in drafting as vLLM 0.32's CPU build does (draft layer 0's k_norm on every draft layer's context keys;
+    the real server is tests/test_real_vllm_dflash.py): the published oracle disagrees, and the hypothesis of the CPU
+    build's context keys reproduces every request. An SGLang server is not offered that hypothesis (it is vLLM's)."""
+    served = api.load_oracle(settings.with_(dflash_convention="vllm-cpu"))
+    with serve(Engine(served, "vllm", per_request="detailed")) as url:
+        result = _check(settings, checker, url, "vllm")
+    r, hyp = result.report, result.report["hypotheses"]
+    assert result.exit_status == 1 and hyp["explanation"] == "vllm_cpu_context_k_norm", render_server_check(r)
+    best = next(h for h in hyp["ranking"] if h["name"] == "vllm_cpu_context_k_norm")
+    assert best["exact_requests"] == hyp["requests"] == 6
+    assert [tuple(s) for s in best["settings"]] == [("dflash_convention", "vllm-cpu")]
+    with serve(Engine(served, "sglang")) as url:
+        names = [h["name"] for h in _check(settings, checker, url, "sglang").report["hypotheses"]["ranking"]]
+    assert "vllm_cpu_context_k_norm" not in names and "as_configured" in names

@@ -38,6 +38,10 @@ class HeadKind:
     # (settings, resolved) -> [(name, description, settings changes)]: the wiring faults of this kind, tried by
     # server-check's hypotheses and diagnose's sweep in place of the aux-layer faults (None: those)
     variants: Callable | None = None
+    # (settings, resolved, backend) -> [(name, description, settings changes)]: how a serving engine's build may run
+    # this kind otherwise than the oracle (an engine's defect or convention), tried by server-check's hypotheses
+    # BESIDE the usual faults; not by diagnose's sweep (they are the server's, not the draft's)
+    server_variants: Callable | None = None
     # (target config.json dict, its path, the target's text decoder built on the meta device) -> (head on the meta
     # device, its config, its names: `parameter(checkpoint key)` -> the head's tensor or None,
     # `checkpoint_name(tensor)`, `unused()`): `plan` of a kind read from the target's checkpoint (`keyword`), held as

@@ -267,7 +267,9 @@ def _block_lines(block: dict) -> list[str]:
             f"{block['sglang_num_draft_tokens']}); mask token {block['mask_token_id']}; target_layer_ids "
             f"{block['target_layer_ids']['zlab_target_layer_ids']}",
             f"            this run drafts blocks of {served['rows']} rows (num_steps {served['num_steps']})"
-            + ("" if served["matches_trained_block"] else ": NOT the trained block")]
+            + ("" if served["matches_trained_block"] else ": NOT the trained block")] + (
+        [f"            context keys: {conv['context_k_norm']} (--dflash-convention {conv['name']})"]
+        if (conv := block.get("convention")) else [])
 
 
 def _text_decoder(target: dict) -> str:

@@ -108,11 +108,14 @@ def engine_reads(resolved, backend: str) -> list[tuple]:
 
 def hypotheses_for(oracle, server_num_steps: int | None = None, backend: str | None = None) -> list[Hypothesis]:
     """The usual faults of this head's wiring: its kind's own (heads/kind.py `HeadKind.variants`, e.g. an MTP layer's
-    conventions) when it has them, else the aux-layer faults of `candidate_hypotheses`."""
+    conventions) when it has them, else the aux-layer faults of `candidate_hypotheses`; then the ways the server's
+    engine may run this kind otherwise (`HeadKind.server_variants`, e.g. vLLM's CPU build and a DFlash drafter's
+    context keys)."""
     from eagle_eval.heads.kind import kind
 
     r = oracle.resolved
-    own = kind(r.head.kind).variants if r.head.kind in HEAD_KINDS else None
+    record = kind(r.head.kind) if r.head.kind in HEAD_KINDS else None
+    own = record.variants if record is not None else None
     if own is not None:
         out = [Hypothesis("as_configured", "the oracle's own wiring")]
         out += [Hypothesis(name, description, settings=tuple(changes.items()))
@@ -120,11 +123,16 @@ def hypotheses_for(oracle, server_num_steps: int | None = None, backend: str | N
         if server_num_steps is not None and server_num_steps != r.num_steps:
             out.append(Hypothesis("server_num_steps", f"the server's num_steps={server_num_steps}",
                                   num_steps=server_num_steps))
-        return out
-    return candidate_hypotheses(
-        r.aux.hf, oracle.speculator.target.num_layers, r.position_offset, r.embedding_table,
-        getattr(oracle.speculator.head, "embed_tokens", None) is not None, server_num_steps, r.num_steps,
-        engine_reads(r, backend) if backend else ())
+    else:
+        out = candidate_hypotheses(
+            r.aux.hf, oracle.speculator.target.num_layers, r.position_offset, r.embedding_table,
+            getattr(oracle.speculator.head, "embed_tokens", None) is not None, server_num_steps, r.num_steps,
+            engine_reads(r, backend) if backend else ())
+    served = record.server_variants if record is not None and backend else None
+    if served is not None:
+        out += [Hypothesis(name, description, settings=tuple(changes.items()))
+                for name, description, changes in served(oracle.settings, r, backend)]
+    return out
 
 
 def _score(variant, prompts: list, rows: dict, backend: str, num_steps: int, tolerance: float) -> dict:

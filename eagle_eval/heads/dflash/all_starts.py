@@ -29,7 +29,7 @@ def block_drafts(head: DFlashHead, embed, aux: torch.Tensor, tokens: torch.Tenso
     """aux [1, n, k*H_t], tokens [n] (x_0..x_{n-1}), anchors [P] (positions s < n) -> greedy drafts [P, num_steps]."""
     drafter, device = head.drafter, head.device
     n = aux.shape[1]
-    context = drafter.context_kv(aux.to(device), torch.arange(n, device=device))
+    context = head.context_kv(aux.to(device), torch.arange(n, device=device))
     anchors, tokens = anchors.to(device), tokens.to(device)
     selector = drafter.candidate_selector
     out = []

@@ -4,9 +4,10 @@ Contract: the rows' context K/V live in a fixed-capacity cache with one length p
 slots are 0..lengths[b]-1, slot = absolute position, as the target's rows in loop/rows.py), per draft layer
 keys/values [B, kv_heads, capacity, head_dim]. The batched loop owns `lengths` (it parks rows, advances them by the
 accepted tokens + 1, and reads them as the draft cache's) and calls:
-- `write(aux [B', T, k*H_t], base [B'], rows, next_ids)`: the context K/V of T positions per row at slots base[b]..base[b]+T-1
-  (dflash/model.py `context_kv`, every row at its own positions); slots past what is later accepted are garbage
-  past the row's length, overwritten by the next write, never attended;
+- `write(aux [B', T, k*H_t], base [B'], rows, next_ids)`: the context K/V of T positions per row at slots
+  base[b]..base[b]+T-1 (dflash/model.py `context_kv` in the head's convention, every row at its own positions;
+  next_ids is not read); slots past what is later accepted are garbage past the row's length, overwritten by the
+  next write, never attended;
 - `propose(root [B], num_steps, policy, active) -> drafts [B, num_steps]` target ids: ONE block forward for every
   row over [root, mask x num_steps] at positions lengths[b].., each row attending its own context slots
   < lengths[b] and its whole block (dflash/model.py `block` with per-row contexts: the masks it builds hide exactly
@@ -44,7 +45,7 @@ class BlockRows:
         slots = base.to(self.device)[:, None] + torch.arange(t, device=self.device)                # [B', T]
         c = drafter.context(aux.to(self.device))                                                     # [B', T, H]
         cos, sin = drafter.rope(slots)                                                               # [B', 1, T, d]
-        new = [layer.self_attn.keys_values(c, cos, sin) for layer in drafter.layers]                # [B', kv, T, d]
+        new = self.head.context_keys_values(c, cos, sin)                                           # [B', kv, T, d]
         if self.context is None:
             self.context = [tuple(torch.zeros(self.batch, x.shape[1], self.capacity, x.shape[3], dtype=x.dtype,
                                               device=self.device) for x in kv) for kv in new]

@@ -26,20 +26,35 @@ from torch.nn import functional as F
 
 from eagle_eval.heads.eagle3.config import CheckpointError
 from eagle_eval.heads.dflash.config import ZLAB, DFlashConfig
+from eagle_eval.heads.dflash.conventions import CONVENTIONS, PUBLISHED, DFlashConvention
 from eagle_eval.heads.dflash.model import DFlashDrafter
 
 
 class DFlashHead:
     """A drafter with the embedding table [V, H] and lm_head (`.weight` [V_d, H]) it reads through; d2t [V_d] and
-    t2d [V] (the target ids it can draft) as an EAGLE-3 head's."""
+    t2d [V] (the target ids it can draft) as an EAGLE-3 head's; and the convention its context keys are computed in
+    (dflash/conventions.py: the published math unless a run asks for an engine's)."""
 
-    def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head: torch.nn.Module):
-        self.drafter, self.config = drafter, drafter.config
+    def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head: torch.nn.Module,
+                 convention: DFlashConvention = CONVENTIONS[PUBLISHED]):
+        self.drafter, self.config, self.convention = drafter, drafter.config, convention
         self.embed_weight, self.lm_head = embed_weight, lm_head
         device = lm_head.weight.device
         own = drafter.lm_head is not None
         self.d2t = drafter.d2t if own else torch.zeros(self.config.draft_vocab_size, dtype=torch.long, device=device)
         self.t2d = drafter.t2d if own else torch.ones(self.config.vocab_size, dtype=torch.bool, device=device)
+
+    def with_convention(self, convention: DFlashConvention) -> "DFlashHead":
+        """The same drafter and tables under another convention (nothing copied)."""
+        return DFlashHead(self.drafter, self.embed_weight, self.lm_head, convention)
+
+    def context_kv(self, aux: torch.Tensor, positions: torch.Tensor):
+        """The context K/V of every draft layer for aux [1, n, k*H_t] at `positions` [n], in this head's convention."""
+        return self.drafter.context_kv(aux, positions, self.convention.k_norm_layer)
+
+    def context_keys_values(self, c: torch.Tensor, cos, sin):
+        """The same from context features c already computed (the batched loop's rows), in this head's convention."""
+        return self.drafter.context_keys_values(c, cos, sin, self.convention.k_norm_layer)
 
     @property
     def device(self):

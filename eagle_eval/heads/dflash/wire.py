@@ -11,6 +11,11 @@ trained block B (vLLM serves K = num_speculative_tokens as a block of 1 + K rows
 block of another length than B is a finding (`dflash-block-size`) naming both, because the block is non-causal:
 its drafts are a different computation, not a prefix of the trained one.
 
+Context keys: `--dflash-convention` (dflash/conventions.py): the published math by default, or vLLM 0.32's CPU
+build (draft layer 0's k_norm on every layer's context keys, a kernel defect), said by the finding
+`dflash-convention` and echoed with every engine's; server-check offers a vLLM server the other one
+(`server_variants`).
+
 Taps: the command line's `--aux-layers` (read in `--aux-convention`, as for every head: what diagnose's sweeps
 change), else the config's target_layer_ids l as HF indices l + 1 (z-lab `extract_context_feature`; SGLang
 `set_dflash_layers_to_capture`; vLLM `get_eagle3_aux_layers_from_config`, unless the config also carries
@@ -25,6 +30,7 @@ from pathlib import Path
 from eagle_eval.findings import info, warning
 from eagle_eval.heads.dflash.bind import DFlashHead, bind
 from eagle_eval.heads.dflash.config import DFLASH2, SPECULATORS, TREES_REFUSED, DFlashConfig
+from eagle_eval.heads.dflash.conventions import CONVENTIONS, PUBLISHED, VLLM_CPU, engines_echo
 from eagle_eval.heads.dflash.state import BlockDraftState
 from eagle_eval.heads.wired import HeadInfo, VocabMap, Wired
 from eagle_eval.models.capture import EngineTaps, resolve_aux_layers
@@ -103,6 +109,47 @@ def engine_taps(cfg: DFlashConfig, num_layers: int) -> dict:
     return {t.engine: t for t in (sglang, *vllm)}
 
 
+def convention_for(settings, cfg: DFlashConfig):
+    """The convention this run computes the context keys in (`--dflash-convention`, dflash/conventions.py); vLLM's
+    CPU build serves no DFlash2 (its V1 model runner refuses "DFlash candidate-head drafts"), so `vllm-cpu` on a
+    DFlash2 drafter is refused."""
+    name = settings.speculation.dflash_convention
+    if name == VLLM_CPU and cfg.kind == DFLASH2:
+        raise ConfigError(f"--dflash-convention {VLLM_CPU}: vLLM's CPU build does not serve DFlash2 (its V1 model "
+                          "runner refuses 'DFlash candidate-head drafts', vllm config/vllm.py); use --dflash-convention "
+                          f"{PUBLISHED}")
+    return CONVENTIONS[name]
+
+
+def convention_finding(cfg: DFlashConfig, convention):
+    """The run computes the context keys as vLLM's CPU build does: said, since it is a kernel defect, not the
+    published math (None for the published convention)."""
+    if convention.name == PUBLISHED:
+        return None
+    same = (" (one draft layer: the same computation as the published one)" if cfg.num_hidden_layers == 1 else "")
+    return info("dflash-convention",
+                f"--dflash-convention {convention.name}: every draft layer's context keys are normed with draft layer "
+                f"0's k_norm, as vLLM 0.32's CPU build computes them (its CPU rms_norm reads one row of the stacked "
+                f"k_norm weights: a kernel defect, not the published DFlash math){same}",
+                convention=convention.name, draft_layers=cfg.num_hidden_layers)
+
+
+def server_variants(settings, resolved, backend: str) -> list[tuple[str, str, dict]]:
+    """How a server may run this drafter otherwise than the oracle (heads/kind.py `HeadKind.server_variants`): for a
+    vLLM server, the other context-key convention (dflash/conventions.py), when the draft has more than one layer
+    (with one they are the same computation) and is a DFlash (vLLM's CPU build serves no DFlash2)."""
+    block = resolved.head.extra.get("block") or {}
+    if backend != "vllm" or block.get("draft_layers", 1) < 2 or block.get("variant") == DFLASH2:
+        return []
+    if settings.speculation.dflash_convention == PUBLISHED:
+        return [("vllm_cpu_context_k_norm",
+                 "vLLM 0.32's CPU build: draft layer 0's k_norm on every draft layer's context keys (qwen3_dflash.py "
+                 "_normalize_context_k through a CPU rms_norm that reads one row of the stacked weights; "
+                 "--dflash-convention vllm-cpu)", {"dflash_convention": VLLM_CPU})]
+    return [("published_context_k_norm", "the published math (z-lab, SGLang, vLLM on CUDA): each draft layer's own "
+             "k_norm on its context keys (--dflash-convention published)", {"dflash_convention": PUBLISHED})]
+
+
 def _refuse(settings) -> None:
     spec_s = settings.speculation
     if spec_s.topk > 1:
@@ -131,7 +178,7 @@ def _embedding(choice: str, loaded, target, head: DFlashHead) -> tuple[DFlashHea
     return head, f"target (the target's embed_tokens rows{scale})"
 
 
-def load_findings(loaded, settings, aux) -> list:
+def load_findings(loaded, settings, aux, convention=None) -> list:
     """The load-time findings of a DFlash drafter: what was read, the taps against the config's, and the block this
     run drafts against the trained one (the notes of reading and binding are the run's warnings)."""
     cfg = loaded.config
@@ -145,7 +192,8 @@ def load_findings(loaded, settings, aux) -> list:
                            f"{list(cfg.target_layer_ids)} (HF {list(cfg.aux_hf)}), which every engine taps",
                            tapped=list(aux.hf), config_hf=list(cfg.aux_hf)))
     for found in (block_size_finding(cfg, settings.speculation.num_steps, loaded.config_file),
-                  served_tokens_finding(cfg, loaded.config_file)):
+                  served_tokens_finding(cfg, loaded.config_file),
+                  convention_finding(cfg, convention) if convention is not None else None):
         if found is not None:
             out.append(found)
     return out
@@ -157,8 +205,10 @@ def wire_dflash(settings, loaded, target, weight_checks: dict) -> Wired:
 
     _refuse(settings)
     spec_s, cfg = settings.speculation, loaded.config
+    convention = convention_for(settings, cfg)
     head, bind_notes = bind(loaded, target)
     head, table_name = _embedding(spec_s.draft_embedding, loaded, target, head)
+    head = head.with_convention(convention)
     source = (f"draft config target_layer_ids {list(cfg.target_layer_ids)} (z-lab ids, after layer l: HF l + 1)"
               + (", defaulted from num_target_layers" if cfg.ids_defaulted else ""))
     aux = resolve_aux_layers(target.num_layers, cfg.num_aux, spec_s.aux_layers, spec_s.aux_convention,
@@ -168,13 +218,14 @@ def wire_dflash(settings, loaded, target, weight_checks: dict) -> Wired:
     d2t_identity = bool((head.d2t == 0).all())
     vocab = VocabMap(cfg.draft_vocab_size, cfg.vocab_size,
                      "checkpoint" if cfg.layout == SPECULATORS and reduced else "none (full vocab)", d2t_identity)
-    echo = {"block": {**block_echo(cfg), "served": served_block(cfg, spec_s.num_steps)}}
+    echo = {"block": {**block_echo(cfg), "served": served_block(cfg, spec_s.num_steps),
+                      "convention": {**convention.as_dict(), "each_engine": engines_echo()}}}
     info_ = HeadInfo(path=loaded.path, dialect=cfg.layout, weights=loaded.weights_file, kind="dflash", mla=None,
                      norm_before_residual=None, rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
                      variant={"kind": cfg.kind, "layer_types": list(cfg.layer_types), "causal": list(cfg.causal)},
                      keys=loaded.key_audit.as_dict(), extra=echo)
     return Wired(head=head, embed=head.embed, embedding=table_name, aux=aux,
                  engines=engine_taps(cfg, target.num_layers), vocab_map=vocab, info=info_,
-                 sanity=tuple(load_findings(loaded, settings, aux)), notes=tuple(notes),
+                 sanity=tuple(load_findings(loaded, settings, aux, convention)), notes=tuple(notes),
                  train_acc=train_acc(settings.model, loaded.path), draft_state=BlockDraftState)
 
