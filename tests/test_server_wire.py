@@ -88,7 +88,8 @@ def test_vllm_completion_ids_from_token_ids_or_logprobs():
 
 
 def test_sglang_settings_topk1_adjustment():
-    resolved = SimpleNamespace(num_steps=3, topk=1, num_draft_tokens=4, num_draft_tokens_given=8)
+    resolved = SimpleNamespace(num_steps=3, topk=1, num_draft_tokens=4, num_draft_tokens_given=8,
+                               head=SimpleNamespace(kind="llama", extra={}))       # an EAGLE-3 head
     info = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": 4, "speculative_draft_model_path": "/srv/heads/my-head/"}
     rows = {r["setting"]: r for r in compare_sglang_settings(info, resolved, "/local/my-head")}
