@@ -52,6 +52,9 @@ class HeadKind:
     # it was trained with); `ablate` puts the echo in each row of its sweep and the findings in the variant's sanity
     # (None: nothing to say)
     per_num_steps: Callable | None = None
+    # what SGLang's /get_server_info must say it runs for this kind (`speculative_algorithm`, any of them; its
+    # arg_groups/speculative_hook.py: EAGLE3 for an EAGLE-3 head, NEXTN (an alias of EAGLE) for MTP, DFLASH)
+    sglang_algorithms: tuple[str, ...] = ("EAGLE3",)
 
 
 def kind_of(config: dict, config_file: Path) -> tuple[HeadKind, str]:

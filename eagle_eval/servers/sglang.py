@@ -125,15 +125,16 @@ def compare_sglang_settings(settings: dict, resolved: dict, draft_path: str) -> 
     """
     rows = []
     algo = settings.get("speculative_algorithm")
-    # an MTP layer runs as NEXTN, SGLang's alias of EAGLE (arg_groups/speculative_hook.py), from the target's folder;
-    # a block drafter as DFLASH (speculative_hook.py)
-    mtp = resolved.head.kind == "mtp"
+    from eagle_eval.heads.kind import kind
+
+    record = kind(resolved.head.kind)             # the algorithm SGLang runs it as (heads/kind.py sglang_algorithms)
     block = resolved.head.extra.get("block")
-    expected = ("NEXTN", "EAGLE") if mtp else ("DFLASH",) if block is not None else ("EAGLE3",)
+    expected = record.sglang_algorithms
     rows.append(setting_row("speculative_algorithm", algo, " or ".join(expected),
                             algo is not None and str(algo).upper() in expected,
                             "speculative decoding is off" if algo is None else None))
-    draft_path = resolved.target.path if mtp else draft_path
+    if record.keyword is not None:                # a kind read from the target's checkpoint: drafted from its folder
+        draft_path = resolved.target.path
     for key, ours in (("speculative_num_steps", "num_steps"), ("speculative_eagle_topk", "topk")):
         value, oracle = settings.get(key), getattr(resolved, ours)
         note = "not reported" if value is None else None

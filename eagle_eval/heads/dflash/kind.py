@@ -76,4 +76,5 @@ KIND = HeadKind(
     name="dflash", description="a block drafter (DFlash / DFlash2): one non-causal draft forward per cycle",
     architectures="'DFlashDraftModel' / 'DFlash2DraftModel' (z-lab), speculators_model_type 'dflash' (speculators)",
     detect=detect, load=load, default_taps=lambda num_layers, cfg: list(cfg.aux_hf), kv_bytes=kv_bytes, meta=meta,
-    info=info, wire=wire, per_num_steps=per_num_steps, server_variants=server_variants)
+    info=info, wire=wire, per_num_steps=per_num_steps, server_variants=server_variants,
+    sglang_algorithms=("DFLASH",))
