@@ -310,10 +310,11 @@ def _decode_policy(settings: Settings, lh: LoadedHead, vocab) -> tuple[object, d
 def wire(settings: Settings, loaded: Loaded) -> Oracle:
     """An oracle over already loaded weights: every setting resolved, the head wired by its kind (heads/kind.py
     `HeadKind.wire`: taps, embedding, vocab map, load-time checks), the decode policy chosen."""
-    from eagle_eval.heads.kind import kind
+    from eagle_eval.heads.kind import kind, refuse_other_kinds_options
     from eagle_eval.loop.draft import DraftState
 
     spec_s, target, lh = settings.speculation, loaded.target, loaded.head
+    refuse_other_kinds_options(settings, lh.kind, lh.path or "(in memory)")
     wired = kind(lh.kind).wire(settings, lh, target, loaded.weight_checks)
     vocab = wired.vocab_map
     if spec_s.topk > vocab.draft_vocab_size:      # a draft step proposes its top-k of the draft vocab

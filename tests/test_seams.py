@@ -191,3 +191,18 @@ def test_the_cli_and_the_docs_list_the_registered_rules_kinds_and_engines():
     docs = (root / "docs" / "sampling.md").read_text() + (root / "docs" / "design.md").read_text()
     for name in RULES.names() + HEAD_KINDS.names():
         assert f"| `{name}`" in docs, name
+
+
+@pytest.mark.parametrize("option,value,owner", [("mtp_convention", "sglang", "mtp"),
+                                                ("dflash_convention", "vllm-cpu", "dflash")])
+def test_a_kinds_own_option_with_a_draft_of_another_kind_is_refused(option, value, owner):
+    """--mtp-convention / --dflash-convention with the bundled EAGLE-3 head would change nothing: refused at wiring,
+    naming the option, the head's kind and the kind that reads it; at its default it is no trouble."""
+    from eagle_eval.settings import ConfigError
+
+    base = Settings.of(limit=1, max_new_tokens=4)
+    with pytest.raises(ConfigError) as err:
+        api.load_oracle(base.with_(**{option: value}))
+    msg = str(err.value)
+    assert msg.startswith(f"--{option.replace('_', '-')} {value}:") and "kind 'llama'" in msg and f"kind '{owner}'" in msg
+    assert api.load_oracle(base).resolved.head.kind == "llama"

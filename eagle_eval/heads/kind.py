@@ -55,6 +55,9 @@ class HeadKind:
     # what SGLang's /get_server_info must say it runs for this kind (`speculative_algorithm`, any of them; its
     # arg_groups/speculative_hook.py: EAGLE3 for an EAGLE-3 head, NEXTN (an alias of EAGLE) for MTP, DFLASH)
     sglang_algorithms: tuple[str, ...] = ("EAGLE3",)
+    # the SpeculationSettings fields only this kind reads: given (not at their default) with a draft of another kind,
+    # they are refused (they would change nothing), as oracle.wire does
+    options: tuple[str, ...] = ()
 
 
 def kind_of(config: dict, config_file: Path) -> tuple[HeadKind, str]:
@@ -80,3 +83,24 @@ def keyword_kind(draft: str) -> HeadKind | None:
 def kind(name: str) -> HeadKind:
     """The kind registered as `name`."""
     return HEAD_KINDS.get(name)
+
+
+def refuse_other_kinds_options(settings, head_kind: str, draft: str) -> None:
+    """A kind's own options (HeadKind.options) given for a draft of another kind change nothing: refused, naming
+    the option, the draft and its kind."""
+    from dataclasses import fields
+
+    from eagle_eval.settings import ConfigError, flag_name
+
+    spec = settings.speculation
+    defaults = {f.name: f for f in fields(type(spec))}
+    for record in HEAD_KINDS.records():
+        if record.name == head_kind:
+            continue
+        for name in record.options:
+            f = defaults[name]
+            value = getattr(spec, name)
+            if value != f.default:
+                raise ConfigError(f"{flag_name(f)} {value}: the draft {draft} is a {kind(head_kind).description} "
+                                  f"(kind {head_kind!r}); that option is read only with a {record.description} "
+                                  f"(kind {record.name!r}), so it would change nothing")

@@ -77,4 +77,4 @@ KIND = HeadKind(
     architectures="'DFlashDraftModel' / 'DFlash2DraftModel' (z-lab), speculators_model_type 'dflash' (speculators)",
     detect=detect, load=load, default_taps=lambda num_layers, cfg: list(cfg.aux_hf), kv_bytes=kv_bytes, meta=meta,
     info=info, wire=wire, per_num_steps=per_num_steps, server_variants=server_variants,
-    sglang_algorithms=("DFLASH",))
+    sglang_algorithms=("DFLASH",), options=("dflash_convention",))

@@ -76,4 +76,4 @@ KIND = HeadKind(
     default_taps=lambda num_layers, cfg: [post_norm_index(num_layers)],
     kv_bytes=kv_bytes, meta=_meta, info=lambda cfg: {"family": cfg.family},
     wire=wire, keyword="mtp", load_from_target=load_from_target, variants=variants, meta_from_target=meta_from_target,
-    sglang_algorithms=("NEXTN", "EAGLE"))
+    sglang_algorithms=("NEXTN", "EAGLE"), options=("mtp_convention", "mtp_planted"))
