@@ -97,6 +97,9 @@ def test_trees_are_refused_before_any_profile(pair, monkeypatch):
                                                   draft_tokens_grid=(4,)), progress=False)
     with pytest.raises(ConfigError, match="--vary block_size: .* --max-steps B sweeps the blocks 2..B \\+ 1"):
         api.ablate(_settings(pair), AblateOptions(max_steps=3, vary=("block_size=8",)), progress=False)
+    with pytest.raises(ConfigError, match=r"--temperature 0.7 in ablate with a dflash draft: .* not implemented"):
+        api.ablate(_settings(pair), AblateOptions(max_steps=3, cost_ratio=0.1, temperature_grid=(0.0, 0.7)),
+                   progress=False)
 
 
 def test_thinking_on_and_off_are_two_variants_and_the_csv_holds_each_ones_acceptance_by_context(pair, tmp_path):

@@ -149,6 +149,12 @@ def _ablate(settings: Settings, options: AblateOptions, named: list, progress: b
             base_oracle.with_(topk=k, num_draft_tokens=d_of[k])
         except ConfigError as exc:
             raise ConfigError(f"--topk-grid {k}: {exc}") from exc
+    sampled = [t for t in temps if t] + ([base.decoding.temperature] if not base.decoding.greedy else [])
+    if sampled and getattr(base_oracle.speculator.draft_state, "run_lengths", None) is not None:
+        raise ConfigError(f"--temperature {sampled[0]:g} in ablate with a {base_oracle.resolved.head.kind} draft: the "
+                          "profile at temperature > 0 is not implemented for drafts made by one forward per cycle "
+                          "(block drafters, P-EAGLE's parallel drafting); ablate them at temperature 0, and `eagle-eval "
+                          "run` runs the loop at any temperature")
     loaded_head = base_oracle.loaded.head
     per_num_steps = head_kind(loaded_head.kind).per_num_steps        # a block drafter's block per row (heads/kind.py)
     one_forward = getattr(base_oracle.speculator.draft_state, "one_forward", False)
