@@ -68,3 +68,9 @@ class DraftHead(Protocol):
 
     def to_target_ids(self, draft_ids):
         """draft vocab ids -> target vocab ids."""
+
+
+def above(head, out, cos, sin, attend):
+    """The layers above the first of a multi-layer head (heads/eagle3/layer.py `Eagle3Head.above`) over the rows whose
+    first-layer output is `out`; `out` itself for a head of one layer (every other kind)."""
+    return out if getattr(head, "depth", 1) == 1 else head.above(out, cos, sin, attend)

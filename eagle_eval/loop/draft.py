@@ -21,6 +21,9 @@ from eagle_eval.loop.tree import Pool, stable_top
 if TYPE_CHECKING:                     # annotations only: the protocol costs the loop no import
     from eagle_eval.heads.protocol import DraftHead
 
+DEEP_TREES_REFUSED = ("--topk {topk}: a {depth}-layer draft head drafts chains only here (vLLM 0.32, which serves "
+                      "multi-layer EAGLE-3 heads, has no token tree; trees are built for one draft layer); use --topk 1")
+
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]   # token ids [B, T] -> embeddings [B, T, H]
 
 
@@ -81,6 +84,8 @@ class DraftState:
         position p + level, each attending to the real pairs and to its own ancestors), scores their
         K children by parent score * child prob, and keeps the best K as the next frontier."""
         head, attn = self.head, self.head.attention
+        if getattr(head, "depth", 1) > 1:
+            raise ValueError(DEEP_TREES_REFUSED.format(topk=topk, depth=head.depth))
         p, k = self.real_len - 1, topk
         probs = torch.softmax(head.logits(self.last_out)[0, -1], dim=-1)              # [V_d]
         top = stable_top(probs, k)

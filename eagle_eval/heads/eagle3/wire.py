@@ -77,6 +77,10 @@ def wire_eagle3(settings, loaded, target, weight_checks: dict) -> Wired:
     check_sizes(loaded, target)
     spec_s, head = settings.speculation, loaded.head
     parallel = head.config.parallel_drafting          # P-EAGLE (heads/peagle/): loaded only for such a head
+    if head.config.num_hidden_layers > 1 and spec_s.topk > 1:
+        from eagle_eval.loop.draft import DEEP_TREES_REFUSED
+
+        raise ConfigError(DEEP_TREES_REFUSED.format(topk=spec_s.topk, depth=head.config.num_hidden_layers))
     if parallel:
         from eagle_eval.heads.peagle import wire as peagle
 
