@@ -423,3 +423,37 @@ def test_the_all_starts_unroll_equals_the_sequential_chain_of_a_deep_head(positi
                 out = head.step(emb(x[:, p + 2 + j].view(1, 1)), out, torch.tensor([[p + 1 + j + position_offset]]),
                                 state.cache)
             assert len(state.cache.layer(2)) == len(state.cache) == p + 1 + k      # every layer, every step
+
+
+def test_the_profile_above_temperature_zero_recomputed_without_the_cache(deep, tmp_path):
+    """profile at T > 0 (run_lengths.SparseChains past a wrong draft, every layer): each per_start row's
+    P(accept >= i) equals the product of the target's probabilities of the drafts the loop's DraftState proposes
+    after that prefix, from plain target forwards (no cache)."""
+    from eagle_eval.loop.draft import DraftState
+    from eagle_eval.models.capture import FeatureCapture
+    from eagle_eval.rules.filters import target_probs
+    from eagle_eval.settings import DecodingSettings
+
+    dec = dict(temperature=2.0, top_k=60, top_p=0.95, accept_rule="vllm")
+    k = 4
+    settings = _deep_settings(deep, limit=3, output_dir=str(tmp_path / "run"), **dec)
+    res = api.profile(settings, ProfileOptions(max_steps=k, expectation_floor=0.0), progress=False)
+    rows = {(r["prompt_id"], r["start"], r["num_steps"]): r for r in res.per_start if r["sample"] == 0}
+    spec, decoding = api.load_oracle(settings).speculator, DecodingSettings(**dec)
+    checked = 0
+    for p in res.profiled:
+        for t in (1, 4, 9):
+            ctx = p.prompt.input_ids + p.continuation[:t]
+            with FeatureCapture(spec.target.layers, spec.aux_hf, spec.draft_device) as cap:
+                spec.target.forward(torch.tensor([ctx]), None)
+                aux = cap.pop()
+            state = DraftState(spec.head, spec.embed, spec.position_offset)
+            state.extend(aux[:, :-1], torch.tensor([ctx[1:]]))
+            drafts = state.propose_chain(k).tolist()
+            probs = target_probs(spec.target.forward(torch.tensor([ctx + drafts[:-1]]), None)[0, len(ctx) - 1:],
+                                 decoding)
+            acc = [float(probs[i, d]) for i, d in enumerate(drafts)]
+            want = [math.prod(acc[:i]) for i in range(1, k + 1)]
+            assert rows[(p.prompt.id, t, k)]["p_accept_at_least"] == pytest.approx(want, abs=2e-6), (p.prompt.id, t)
+            checked += 1
+    assert checked == 9
