@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagle_eval.heads.eagle3.config import DEEP_TREES_REFUSED
 from eagle_eval.heads.eagle3.layer import DraftCache
 from eagle_eval.loop.tree import Pool, stable_top
 
 if TYPE_CHECKING:                     # annotations only: the protocol costs the loop no import
     from eagle_eval.heads.protocol import DraftHead
-
-DEEP_TREES_REFUSED = ("--topk {topk}: a {depth}-layer draft head drafts chains only here (vLLM 0.32, which serves "
-                      "multi-layer EAGLE-3 heads, has no token tree; trees are built for one draft layer); use --topk 1")
 
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]   # token ids [B, T] -> embeddings [B, T, H]
 

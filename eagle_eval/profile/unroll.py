@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagle_eval.heads.eagle3.config import DEEP_TREES_REFUSED
 from eagle_eval.heads.protocol import above
 from eagle_eval.loop.draft import EmbedFn
 from eagle_eval.loop.tree import stable_top
@@ -124,7 +125,6 @@ def unroll_trees(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
     """
     attn = head.attention
     if getattr(head, "depth", 1) > 1:
-        from eagle_eval.loop.draft import DEEP_TREES_REFUSED
         raise ValueError(DEEP_TREES_REFUSED.format(topk=topk, depth=head.depth))
     t, device, k = token_embeds.shape[1], token_embeds.device, topk
     scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn

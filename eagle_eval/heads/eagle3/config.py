@@ -150,6 +150,10 @@ CONSUMED_KEYS = {
 }
 
 
+DEEP_TREES_REFUSED = ("--topk {topk}: a {depth}-layer draft head drafts chains only here (vLLM 0.32, which serves "
+                      "multi-layer EAGLE-3 heads, has no token tree; trees are built for one draft layer); use --topk 1")
+
+
 # P-EAGLE (parallel drafting): where vLLM 0.32 looks for the mask rows' token, in its order
 # (v1/spec_decode/llm_base_proposer.py `_init_parallel_drafting_params`; dflash_config.mask_token_id comes first
 # there, a DFlash key: a P-EAGLE head is an EAGLE-3 config), and the speculators type it maps to eagle3 +
