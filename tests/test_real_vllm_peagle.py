@@ -8,7 +8,8 @@ The oracle drafts through heads/peagle/ (slot 0 the last real pair, two mask row
 give every request's tokens and its accepted drafts at every verify step; the same head read as a plain EAGLE-3
 chain (no mask_hidden) must not (the server really drafts in parallel). The mask_hidden is not trained, so the mask
 slots are accepted rarely (the second draft a few percent of cycles, the third never here): the check is that the
-server computes what the oracle computes. Deselect with `-m "not real_vllm"` or EAGLE_EVAL_SKIP_REAL_VLLM=1.
+server computes what the oracle computes. A second server serves a two-layer copy of that head (vLLM's multi-layer
+EAGLE-3 `LlamaModel`), exact too, while the one-layer head disagrees with it. Deselect with `-m "not real_vllm"` or EAGLE_EVAL_SKIP_REAL_VLLM=1.
 """
 
 import json
@@ -75,3 +76,43 @@ def test_the_same_head_as_a_chain_is_not_what_the_server_drafts(real_vllm_server
     save_file(weights, str(chain / "model.safetensors"))
     result = check(chain, server.url)
     assert result.report["verdict"] != "agree", render_server_check(result.report)
+
+
+@pytest.fixture(scope="module")
+def two_layer_head(peagle_head, tmp_path_factory):
+    """The P-EAGLE copy with a second decoder layer (`layers.1.*`: ordinary Llama layer over H, unit norms, seeded
+    weights of std 0.25, enough that all 8 requests' acceptance differs from the one-layer head's) and
+    num_hidden_layers 2; layer 0 stays `midlayer.` (vLLM's hf_to_vllm_mapper renames it to layers.0.)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("real-vllm-peagle-2") / "draft"
+    shutil.copytree(peagle_head, folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    h, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    q, i = cfg["num_attention_heads"] * cfg["head_dim"], cfg["intermediate_size"]
+    g = torch.Generator().manual_seed(1)
+    weights.update({f"layers.1.{n}.weight": torch.ones(h) for n in ("input_layernorm", "post_attention_layernorm")})
+    for name, shape in (("self_attn.q_proj", (q, h)), ("self_attn.k_proj", (kv, h)), ("self_attn.v_proj", (kv, h)),
+                        ("self_attn.o_proj", (h, q)), ("mlp.gate_proj", (i, h)), ("mlp.up_proj", (i, h)),
+                        ("mlp.down_proj", (h, i))):
+        weights[f"layers.1.{name}.weight"] = torch.randn(*shape, generator=g) * 0.25
+    save_file(weights, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}, indent=2))
+    return folder
+
+
+def test_vllm_serves_a_two_layer_peagle_head_as_the_oracle_says(real_vllm_servers, two_layer_head, peagle_head):
+    """vLLM's llama_eagle3.py LlamaModel runs layer 1 over layer 0's sum, each layer over its own KV cache, for the
+    real pairs and the mask rows alike: exact on every request; the one-layer head (the same weights without
+    layers.1) disagrees with that server, so layer 1 was computed, not skipped."""
+    server = real_vllm_servers(TARGET, two_layer_head, SPECULATIVE)
+    result = check(two_layer_head, server.url)
+    r, j = result.report, result.report["judgement"]
+    assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)
+    assert j["mode"] == "exact" and j["exact"] == j["requests"] == PROMPTS
+    assert r["config"]["head"]["variant"]["num_hidden_layers"] == 2
+    accepted = [n for row in r["requests"] for n in row["oracle"]["accepted_per_cycle"]]
+    assert {0, 1, 2} <= set(accepted), sorted(set(accepted))
+    one = check(peagle_head, server.url)
+    assert one.report["verdict"] != "agree", render_server_check(one.report)
