@@ -80,26 +80,11 @@ def test_the_same_head_as_a_chain_is_not_what_the_server_drafts(real_vllm_server
 
 @pytest.fixture(scope="module")
 def two_layer_head(peagle_head, tmp_path_factory):
-    """The P-EAGLE copy with a second decoder layer (`layers.1.*`: ordinary Llama layer over H, unit norms, seeded
-    weights of std 0.25, enough that all 8 requests' acceptance differs from the one-layer head's) and
-    num_hidden_layers 2; layer 0 stays `midlayer.` (vLLM's hf_to_vllm_mapper renames it to layers.0.)."""
-    from safetensors.torch import load_file, save_file
+    """The P-EAGLE copy with a second decoder layer (fixtures.add_decoder_layer: seeded weights of std 0.25, enough
+    that all 8 requests' acceptance differs from the one-layer head's)."""
+    from fixtures import add_decoder_layer
 
-    folder = tmp_path_factory.mktemp("real-vllm-peagle-2") / "draft"
-    shutil.copytree(peagle_head, folder)
-    weights = load_file(str(folder / "model.safetensors"))
-    cfg = json.loads((folder / "config.json").read_text())
-    h, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * cfg["head_dim"]
-    q, i = cfg["num_attention_heads"] * cfg["head_dim"], cfg["intermediate_size"]
-    g = torch.Generator().manual_seed(1)
-    weights.update({f"layers.1.{n}.weight": torch.ones(h) for n in ("input_layernorm", "post_attention_layernorm")})
-    for name, shape in (("self_attn.q_proj", (q, h)), ("self_attn.k_proj", (kv, h)), ("self_attn.v_proj", (kv, h)),
-                        ("self_attn.o_proj", (h, q)), ("mlp.gate_proj", (i, h)), ("mlp.up_proj", (i, h)),
-                        ("mlp.down_proj", (h, i))):
-        weights[f"layers.1.{name}.weight"] = torch.randn(*shape, generator=g) * 0.25
-    save_file(weights, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}, indent=2))
-    return folder
+    return add_decoder_layer(peagle_head, tmp_path_factory.mktemp("real-vllm-peagle-2") / "draft")
 
 
 def test_vllm_serves_a_two_layer_peagle_head_as_the_oracle_says(real_vllm_servers, two_layer_head, peagle_head):
