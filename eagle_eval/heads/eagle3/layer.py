@@ -173,7 +173,8 @@ class _DecoderLayer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """Parameters named as SpecForge/SGLang name them (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`).
+    """Parameters named as SpecForge/SGLang name them (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`); the layers
+    above the first of a multi-layer head are `later.{j}.*` (checkpoint `layers.{j+1}.*`: heads/io.py `key_map`).
 
     `embed_tokens` exists only when the checkpoint carries its own table (`with_embedding=True`);
     `input_norm` [k*H_t] only with `norm_before_fc`, `fc_norm.{i}` [H_t] only with `fc_norm`, `mask_hidden`
