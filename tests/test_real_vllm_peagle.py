@@ -9,7 +9,8 @@ give every request's tokens and its accepted drafts at every verify step; the sa
 chain (no mask_hidden) must not (the server really drafts in parallel). The mask_hidden is not trained, so the mask
 slots are accepted rarely (the second draft a few percent of cycles, the third never here): the check is that the
 server computes what the oracle computes. A second server serves a two-layer copy of that head (vLLM's multi-layer
-EAGLE-3 `LlamaModel`), exact too, while the one-layer head disagrees with it. Deselect with `-m "not real_vllm"` or EAGLE_EVAL_SKIP_REAL_VLLM=1.
+EAGLE-3 `LlamaModel`), exact too, while the one-layer head disagrees with it. Deselect with `-m "not real_vllm"` or
+EAGLE_EVAL_SKIP_REAL_VLLM=1.
 """
 
 import json

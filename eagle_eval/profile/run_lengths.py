@@ -81,8 +81,8 @@ class SparseChains:
 
         def attend(layer, attn, qs, ks, vs, u):
             """Layer `layer`'s attention of step j at the chains asked for (every layer: the same pattern)."""
-            qs, ks, vs = qs[0].transpose(0, 1), attn.expand_kv(ks)[0].transpose(0, 1), attn.expand_kv(vs)[0].transpose(0, 1)
-            # qs [N, h, d]
+            qs = qs[0].transpose(0, 1)                                                     # [N, h, d]
+            ks, vs = attn.expand_kv(ks)[0].transpose(0, 1), attn.expand_kv(vs)[0].transpose(0, 1)
             packed_q = torch.zeros(b, qs.shape[1], n, qs.shape[2], dtype=qs.dtype, device=self.device)
             packed_q[bi, :, slot] = qs
             real = torch.matmul(packed_q, self.keys0[layer].transpose(-1, -2))[bi, :, slot] * attn.scale  # [N, h, T]

@@ -151,7 +151,8 @@ CONSUMED_KEYS = {
 
 
 DEEP_TREES_REFUSED = ("--topk {topk}: a {depth}-layer draft head drafts chains only here (vLLM 0.32, which serves "
-                      "multi-layer EAGLE-3 heads, has no token tree; trees are built for one draft layer); use --topk 1")
+                      "multi-layer EAGLE-3 heads, has no token tree; trees are built for one draft layer); "
+                      "use --topk 1")
 
 
 # P-EAGLE (parallel drafting): where vLLM 0.32 looks for the mask rows' token, in its order

@@ -56,7 +56,8 @@ def parallel_drafts(head, embed, aux: torch.Tensor, tokens: torch.Tensor, anchor
             values = torch.cat([past.values.expand(p, -1, -1, -1), v], dim=2)
             return attn.attend(q, keys, values, visible[:, None], u)
 
-        rest = head.logits(above(head, head.finish(residual, attend(0, attn, q, k, v, u)), cos, sin, attend)).argmax(-1)
+        out_k = above(head, head.finish(residual, attend(0, attn, q, k, v, u)), cos, sin, attend)    # [P, K-1, H]
+        rest = head.logits(out_k).argmax(-1)
         out.append(head.to_target_ids(torch.cat([first[:, None], rest], dim=1)))
     return torch.cat(out) if out else torch.zeros(0, num_steps, dtype=torch.long, device=device)
 
