@@ -156,3 +156,27 @@ def load_prompts(path, tokenizer) -> list:
     from eagle_eval.workload.conversations import load_workload
 
     return load_workload(Settings.of(prompts=str(path)).workload, tokenizer).first_prompts
+
+
+def add_decoder_layer(src: Path, dst: Path, std: float = 0.25, seed: int = 1) -> Path:
+    """A copy of the head folder `src` (SpecForge layout, one layer) at `dst` with a second decoder layer, as vLLM's
+    multi-layer EAGLE-3 LlamaModel loads it: `layers.1.*` (an ordinary Llama layer over H, unit norms, seeded
+    weights of `std`) and num_hidden_layers 2; layer 0 stays `midlayer.`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    h, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    q, i = cfg["num_attention_heads"] * cfg["head_dim"], cfg["intermediate_size"]
+    g = torch.Generator().manual_seed(seed)
+    weights.update({f"layers.1.{n}.weight": torch.ones(h) for n in ("input_layernorm", "post_attention_layernorm")})
+    for name, shape in (("self_attn.q_proj", (q, h)), ("self_attn.k_proj", (kv, h)), ("self_attn.v_proj", (kv, h)),
+                        ("self_attn.o_proj", (h, q)), ("mlp.gate_proj", (i, h)), ("mlp.up_proj", (i, h)),
+                        ("mlp.down_proj", (h, i))):
+        weights[f"layers.1.{name}.weight"] = torch.randn(*shape, generator=g) * std
+    save_file(weights, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}, indent=2))
+    return dst

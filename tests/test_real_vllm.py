@@ -181,3 +181,24 @@ def test_plain_vllm_has_no_speculative_counters(real_vllm_servers, oracle):
     assert any("spec_decode" in w for w in r["warnings"])
     tau = r["summary"]["accept_length"]
     assert tau > 1 and f"{tau:.3f}" in render_server_check(r)   # the oracle's own figure is still printed
+
+
+def test_a_two_layer_head_is_exact_and_its_first_layer_alone_is_not(real_vllm_servers, oracle, tmp_path):
+    """A two-layer copy of the bundled head (fixtures.add_decoder_layer: `layers.1.*` seeded, std 0.25): vLLM's
+    llama_eagle3.py LlamaModel runs layer 1 over layer 0's sum, each layer over its own KV cache, and feeds the
+    LAST layer's pre-norm sum back as the next step's hidden input. Exact on 12/12 requests; the one-layer oracle
+    (the committed head) disagrees with that server on every request."""
+    from fixtures import add_decoder_layer
+
+    head = add_decoder_layer(DRAFT, tmp_path / "two-layer")
+    server = real_vllm_servers(TARGET, head, SPECULATIVE)
+    cfg = Settings.of(target=str(TARGET), draft=str(head), num_steps=NUM_STEPS, dtype="fp32", limit=FAULT_PROMPTS)
+    result = run_server_check(cfg, ServerCheckOptions(backend="vllm", url=server.url))
+    r, j = result.report, result.report["judgement"]
+    assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)
+    assert j["mode"] == "exact" and j["exact"] == j["requests"] == FAULT_PROMPTS
+    assert r["config"]["head"]["variant"]["num_hidden_layers"] == 2
+    assert {0, 1, 2, 3} <= {n for row in r["requests"] for n in row["oracle"]["accepted_per_cycle"]}
+    one = check(oracle, server.url, limit=FAULT_PROMPTS)
+    assert one.report["verdict"] != "agree", render_server_check(one.report)
+    assert sum(row["first_differing_cycle"] is not None for row in one.report["requests"]) == FAULT_PROMPTS

@@ -8,7 +8,9 @@ The oracle drafts through heads/peagle/ (slot 0 the last real pair, two mask row
 give every request's tokens and its accepted drafts at every verify step; the same head read as a plain EAGLE-3
 chain (no mask_hidden) must not (the server really drafts in parallel). The mask_hidden is not trained, so the mask
 slots are accepted rarely (the second draft a few percent of cycles, the third never here): the check is that the
-server computes what the oracle computes. Deselect with `-m "not real_vllm"` or EAGLE_EVAL_SKIP_REAL_VLLM=1.
+server computes what the oracle computes. A second server serves a two-layer copy of that head (vLLM's multi-layer
+EAGLE-3 `LlamaModel`), exact too, while the one-layer head disagrees with it. Deselect with `-m "not real_vllm"` or
+EAGLE_EVAL_SKIP_REAL_VLLM=1.
 """
 
 import json
@@ -75,3 +77,28 @@ def test_the_same_head_as_a_chain_is_not_what_the_server_drafts(real_vllm_server
     save_file(weights, str(chain / "model.safetensors"))
     result = check(chain, server.url)
     assert result.report["verdict"] != "agree", render_server_check(result.report)
+
+
+@pytest.fixture(scope="module")
+def two_layer_head(peagle_head, tmp_path_factory):
+    """The P-EAGLE copy with a second decoder layer (fixtures.add_decoder_layer: seeded weights of std 0.25, enough
+    that all 8 requests' acceptance differs from the one-layer head's)."""
+    from fixtures import add_decoder_layer
+
+    return add_decoder_layer(peagle_head, tmp_path_factory.mktemp("real-vllm-peagle-2") / "draft")
+
+
+def test_vllm_serves_a_two_layer_peagle_head_as_the_oracle_says(real_vllm_servers, two_layer_head, peagle_head):
+    """vLLM's llama_eagle3.py LlamaModel runs layer 1 over layer 0's sum, each layer over its own KV cache, for the
+    real pairs and the mask rows alike: exact on every request; the one-layer head (the same weights without
+    layers.1) disagrees with that server, so layer 1 was computed, not skipped."""
+    server = real_vllm_servers(TARGET, two_layer_head, SPECULATIVE)
+    result = check(two_layer_head, server.url)
+    r, j = result.report, result.report["judgement"]
+    assert result.exit_status == 0 and r["verdict"] == "agree", render_server_check(r)
+    assert j["mode"] == "exact" and j["exact"] == j["requests"] == PROMPTS
+    assert r["config"]["head"]["variant"]["num_hidden_layers"] == 2
+    accepted = [n for row in r["requests"] for n in row["oracle"]["accepted_per_cycle"]]
+    assert {0, 1, 2} <= set(accepted), sorted(set(accepted))
+    one = check(peagle_head, server.url)
+    assert one.report["verdict"] != "agree", render_server_check(one.report)

@@ -123,9 +123,18 @@ def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
 
 
 def key_map(dialect: str, names, prefix: str | None = None) -> dict[str, str]:
-    """Head parameter name -> checkpoint key, for the given dialect (`prefix` overrides its layer prefix)."""
+    """Head parameter name -> checkpoint key, for the given dialect (`prefix` overrides its layer prefix). The layers
+    above the first of a multi-layer head (`later.{j}.`) are `layers.{j+1}.` in every layout (vLLM llama_eagle3.py
+    `LlamaModel.hf_to_vllm_mapper` renames only `midlayer.` to `layers.0.`; speculators names them `layers.{i}`)."""
     prefix = prefix or _LAYER_PREFIX[dialect]
-    return {n: prefix + n[len("midlayer."):] if n.startswith("midlayer.") else n for n in names}
+    return {n: prefix + n[len("midlayer."):] if n.startswith("midlayer.") else _later_key(n) for n in names}
+
+
+def _later_key(name: str) -> str:
+    if not name.startswith("later."):
+        return name
+    j, rest = name[len("later."):].split(".", 1)
+    return f"layers.{int(j) + 1}.{rest}"
 
 
 def _read_config(path: Path) -> tuple[Path, dict]:
@@ -150,30 +159,34 @@ def _flag_hint(key: str, cfg: HeadConfig) -> str:
     return ""
 
 
-def _layer_prefix(dialect: str, tensors: dict, file: Path) -> str:
-    """The decoder layer's key prefix: fixed per dialect, read from the tensors for mla (either, not both)."""
-    if dialect != MLA:
+def _layer_prefix(dialect: str, tensors: dict, file: Path, depth: int = 1) -> str:
+    """The first decoder layer's key prefix: fixed per dialect for a one-layer head, read from the tensors for mla
+    and for a multi-layer head (either, not both: vLLM renames `midlayer.` to `layers.0.`)."""
+    if dialect != MLA and depth == 1:
         return _LAYER_PREFIX[dialect]
     used = sorted({p for p in ("midlayer.", "layers.0.") if any(k.startswith(p) for k in tensors)})
     if len(used) > 1:
         raise CheckpointError(f"{file}: tensors named both 'midlayer.*' and 'layers.0.*': the decoder layer must "
                               "use one prefix (vLLM and SGLang rename one into the other)")
-    return used[0] if used else _LAYER_PREFIX[MLA]
+    return used[0] if used else _LAYER_PREFIX[dialect]
 
 
 def _match_tensors(head: Eagle3Head, tensors: dict, dialect: str, file: Path, config_file: Path) -> dict:
     """Head parameter name -> checkpoint tensor, strictly: every expected tensor present (bar the optional
     ones) with its shape, no tensor left over."""
     expected = head.state_dict()
-    names = key_map(dialect, expected, _layer_prefix(dialect, tensors, file))
+    depth = getattr(head, "depth", 1)
+    names = key_map(dialect, expected, _layer_prefix(dialect, tensors, file, depth))
     state = {}
     for name, ref in expected.items():
         key = names[name]
         if key not in tensors:
             if name in _OPTIONAL:
                 continue
+            layer = (f" (config.json num_hidden_layers = {depth}: layers 0..{depth - 1} each need their tensors)"
+                     if depth > 1 and (name.startswith("later.") or name.startswith("midlayer.")) else "")
             raise CheckpointError(f"{file}: missing tensor {key!r} (expected shape {list(ref.shape)})"
-                                  + _flag_hint(name, head.config))
+                                  + _flag_hint(name, head.config) + layer)
         t = tensors[key]
         if tuple(t.shape) != tuple(ref.shape):
             raise CheckpointError(
@@ -349,7 +362,7 @@ def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
         "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
         "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
         "rope_scaling": cfg.rope_scaling, "max_position_embeddings": cfg.max_position_embeddings,
-        "hidden_act": cfg.hidden_act, "num_hidden_layers": 1, "model_type": "llama",
+        "hidden_act": cfg.hidden_act, "num_hidden_layers": cfg.num_hidden_layers, "model_type": "llama",
         "attention_bias": cfg.attention_bias, "mlp_bias": cfg.mlp_bias,
         **({"rope_is_neox_style": False} if cfg.rope_interleaved else {}),
     }

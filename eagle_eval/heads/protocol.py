@@ -7,7 +7,10 @@ fuse the target features, build the attention input (embedding first), project/a
 (heads/mtp/model.py, a target's own MTP layer) implement it; a new head kind is a new class that does, and
 drafting, the loop and the profile need no change. Every caller hands `attention_input` the rows' RoPE positions
 (an MTP layer zeroes the embedding of a row at position 0) and `attend` / `o_proj` the rows' attention input `u`
-(a gated attention, Qwen3-Next's, reads its output gate from it); the EAGLE-3 heads ignore both.
+(a gated attention, Qwen3-Next's, reads its output gate from it); the EAGLE-3 heads ignore both. A head of several
+decoder layers (an EAGLE-3 head with num_hidden_layers > 1) also has `depth` and `above`: every caller that attends
+through `attention` and `finish` passes the first layer's output to `above` (the function below) with its own
+attention for each further layer (that layer's cache, the same mask); a kind without them has one layer.
 """
 
 from __future__ import annotations
@@ -68,3 +71,9 @@ class DraftHead(Protocol):
 
     def to_target_ids(self, draft_ids):
         """draft vocab ids -> target vocab ids."""
+
+
+def above(head, out, cos, sin, attend):
+    """The layers above the first of a multi-layer head (heads/eagle3/layer.py `Eagle3Head.above`) over the rows whose
+    first-layer output is `out`; `out` itself for a head of one layer (every other kind)."""
+    return out if getattr(head, "depth", 1) == 1 else head.above(out, cos, sin, attend)

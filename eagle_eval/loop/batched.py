@@ -106,9 +106,15 @@ def draft_block(spec: Speculator, cache: RowDraftCache, embeds: torch.Tensor, hi
     t = embeds.shape[1]
     positions = block_slots(base, t) + position_offset
     u, residual = head.attention_input(embeds, hidden, positions)
-    q, k, v = attn.project(u, *head.rope(positions))
+    cos, sin = head.rope(positions)
+    q, k, v = attn.project(u, cos, sin)
     keys, values = cache.write(k, v, base, rows)
-    return head.finish(residual, attn.attend(q, keys, values, block_visible(base, t, cache.capacity, None), u))
+    visible = block_visible(base, t, cache.capacity, None)
+    out = head.finish(residual, attn.attend(q, keys, values, visible, u))
+    if getattr(head, "depth", 1) == 1:
+        return out
+    return head.above(out, cos, sin, lambda i, a, q, k, v, u: a.attend(q, *cache.layer(i).write(k, v, base, rows),
+                                                                         visible, u))
 
 
 def propose_chains(spec: Speculator, rows: Rows, num_steps: int) -> torch.Tensor:

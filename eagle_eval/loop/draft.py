@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagle_eval.heads.eagle3.config import DEEP_TREES_REFUSED
 from eagle_eval.heads.eagle3.layer import DraftCache
 from eagle_eval.loop.tree import Pool, stable_top
 
@@ -81,6 +82,8 @@ class DraftState:
         position p + level, each attending to the real pairs and to its own ancestors), scores their
         K children by parent score * child prob, and keeps the best K as the next frontier."""
         head, attn = self.head, self.head.attention
+        if getattr(head, "depth", 1) > 1:
+            raise ValueError(DEEP_TREES_REFUSED.format(topk=topk, depth=head.depth))
         p, k = self.real_len - 1, topk
         probs = torch.softmax(head.logits(self.last_out)[0, -1], dim=-1)              # [V_d]
         top = stable_top(probs, k)

@@ -41,6 +41,9 @@ def capture_blockers(spec, cuda: bool | None = None) -> str | None:
     own = getattr(spec.draft_state, "capture_blocker", None)     # a kind's own batched drafting (loop/batched.py)
     if own is not None:
         return own
+    if getattr(spec.head, "depth", 1) > 1:
+        return (f"a {spec.head.depth}-layer draft head: the captured cycle is built for one draft layer (not extended "
+                "to layers above the first); the loop runs eager")
     model = spec.target.model
     experts = (getattr(spec.target.info, "experts", None) or {}).get("implementation", "unknown")
     for name, module in model.named_modules():

@@ -97,13 +97,24 @@ class RowCache:
 
 
 class RowDraftCache:
-    """The draft head's KV cache: keys/values [B, kv_heads, capacity, d], one length per row."""
+    """The draft head's KV cache: keys/values [B, kv_heads, capacity, d], one length per row. A multi-layer head
+    writes each layer above the first into its own buffers (`layer(i)`), at the same slots, under these lengths."""
 
     def __init__(self, batch: int, capacity: int, device):
         self.batch, self.capacity, self.device = batch, capacity, torch.device(device)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.upper: list[RowDraftCache] = []
+
+    def layer(self, i: int) -> "RowDraftCache":
+        """Layer i's buffers (0: this one); the lengths are this cache's."""
+        if i == 0:
+            return self
+        while len(self.upper) < i:
+            self.upper.append(RowDraftCache(self.batch, self.capacity, self.device))
+            self.upper[-1].lengths = self.lengths
+        return self.upper[i - 1]
 
     def write(self, k: torch.Tensor, v: torch.Tensor, base: torch.Tensor,
               rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

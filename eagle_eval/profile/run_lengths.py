@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from eagle_eval.heads.protocol import above
+
 
 class SparseChains:
     """The draft chains of every start pair of a batch, one step at a time at the chains asked for.
@@ -41,14 +43,20 @@ class SparseChains:
         self.q_idx = torch.arange(t, device=self.device)
         positions = self.q_idx[None].expand(b, t)
         u, residual = head.attention_input(token_embeds, head.fuse(aux), positions)
-        q, k, v = attn.project(u, *head.rope(positions))
+        cos, sin = head.rope(positions)
+        q, k, v = attn.project(u, cos, sin)
         causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
-        out = head.finish(residual, attn.attend(q, k, v, causal, u))               # [B, T, H]
+        self.keys0, self.values0 = {}, {}      # layer -> its real pairs' keys/values [B, h, T, d] (GQA expanded)
+
+        def attend(layer, attn, q, k, v, u):
+            self.keys0[layer], self.values0[layer] = attn.expand_kv(k), attn.expand_kv(v)
+            return attn.attend(q, k, v, causal, u)
+
+        out = above(head, head.finish(residual, attend(0, attn, q, k, v, u)), cos, sin, attend)   # [B, T, H]
         self.first = head.to_target_ids(head.lm(out).argmax(-1))                   # [B, T]
         self.outs = [out]                      # step j's out, dense [B, T, H] (zeros where not run)
-        self.keys0, self.values0 = attn.expand_kv(k), attn.expand_kv(v)            # [B, h, T, d]
-        self.spec_k: list[torch.Tensor] = []   # step i >= 1: dense [B, h, T, d], set where it ran
-        self.spec_v: list[torch.Tensor] = []
+        self.spec_k: dict[int, list[torch.Tensor]] = {}   # layer -> step i >= 1: dense [B, h, T, d], set where it ran
+        self.spec_v: dict[int, list[torch.Tensor]] = {}
 
     @torch.no_grad()
     def step(self, j: int, bi: torch.Tensor, qi: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
@@ -63,31 +71,41 @@ class SparseChains:
         b, t = self.shape
         positions = (qi + self.position_offset)[None]                                             # [1, N]
         u, residual = head.attention_input(embeds[None], self.outs[j - 1][bi, qi - 1][None], positions)  # [1, N, *]
-        qs, ks, vs = attn.project(u, *head.rope(positions))
-        qs, ks, vs = qs[0].transpose(0, 1), attn.expand_kv(ks)[0].transpose(0, 1), attn.expand_kv(vs)[0].transpose(0, 1)
-        # qs [N, h, d]; real pairs s <= q - j, through per-row packed [B, h, n, T] scores (n: the most chains
-        # asked for in one row; bi ascending, as nonzero gives it)
+        cos, sin = head.rope(positions)
+        qs, ks, vs = attn.project(u, cos, sin)
+        # real pairs s <= q - j, through per-row packed [B, h, n, T] scores (n: the most chains asked for in one
+        # row; bi ascending, as nonzero gives it)
         slot = rank_in_row(bi, b)
         n = int(slot.max()) + 1
-        packed_q = torch.zeros(b, qs.shape[1], n, qs.shape[2], dtype=qs.dtype, device=self.device)
-        packed_q[bi, :, slot] = qs
-        real = torch.matmul(packed_q, self.keys0.transpose(-1, -2))[bi, :, slot] * attn.scale    # [N, h, T]
-        real = real.masked_fill(self.q_idx[None, None, :] > (qi - j)[:, None, None], float("-inf"))
-        # the chain's own speculative entries: step i's key at q - (j - i), i = 1..j (i = j: this step's)
-        own_k = torch.stack([self.spec_k[i - 1][bi, :, qi - (j - i)] for i in range(1, j)] + [ks], dim=2)
-        own_v = torch.stack([self.spec_v[i - 1][bi, :, qi - (j - i)] for i in range(1, j)] + [vs], dim=2)
-        spec = (qs[:, :, None, :] * own_k).sum(-1) * attn.scale                      # [N, h, j]
-        probs = torch.softmax(torch.cat([real, spec], dim=-1).float(), dim=-1).to(qs.dtype)
-        packed_p = torch.zeros(b, qs.shape[1], n, t, dtype=qs.dtype, device=self.device)
-        packed_p[bi, :, slot] = probs[..., :t]
-        ctx = torch.matmul(packed_p, self.values0)[bi, :, slot] + (probs[..., t:, None] * own_v).sum(-2)   # [N, h, dv]
-        out = head.finish(residual[0], attn.o_proj(ctx.reshape(ctx.shape[0], -1), u[0]))            # [N, H]
-        while len(self.outs) <= j:                # a step's first call: its dense stores
-            self.spec_k.append(torch.zeros(b, ks.shape[1], t, ks.shape[2], dtype=ks.dtype, device=self.device))
-            self.spec_v.append(torch.zeros(b, vs.shape[1], t, vs.shape[2], dtype=vs.dtype, device=self.device))
+        first_call = len(self.outs) <= j
+
+        def attend(layer, attn, qs, ks, vs, u):
+            """Layer `layer`'s attention of step j at the chains asked for (every layer: the same pattern)."""
+            qs = qs[0].transpose(0, 1)                                                     # [N, h, d]
+            ks, vs = attn.expand_kv(ks)[0].transpose(0, 1), attn.expand_kv(vs)[0].transpose(0, 1)
+            packed_q = torch.zeros(b, qs.shape[1], n, qs.shape[2], dtype=qs.dtype, device=self.device)
+            packed_q[bi, :, slot] = qs
+            real = torch.matmul(packed_q, self.keys0[layer].transpose(-1, -2))[bi, :, slot] * attn.scale  # [N, h, T]
+            real = real.masked_fill(self.q_idx[None, None, :] > (qi - j)[:, None, None], float("-inf"))
+            # the chain's own speculative entries: step i's key at q - (j - i), i = 1..j (i = j: this step's)
+            spec_k, spec_v = self.spec_k.setdefault(layer, []), self.spec_v.setdefault(layer, [])
+            own_k = torch.stack([spec_k[i - 1][bi, :, qi - (j - i)] for i in range(1, j)] + [ks], dim=2)
+            own_v = torch.stack([spec_v[i - 1][bi, :, qi - (j - i)] for i in range(1, j)] + [vs], dim=2)
+            spec = (qs[:, :, None, :] * own_k).sum(-1) * attn.scale                      # [N, h, j]
+            probs = torch.softmax(torch.cat([real, spec], dim=-1).float(), dim=-1).to(qs.dtype)
+            packed_p = torch.zeros(b, qs.shape[1], n, t, dtype=qs.dtype, device=self.device)
+            packed_p[bi, :, slot] = probs[..., :t]
+            ctx = torch.matmul(packed_p, self.values0[layer])[bi, :, slot] + (probs[..., t:, None] * own_v).sum(-2)
+            if first_call:                        # a step's first call: its dense stores
+                spec_k.append(torch.zeros(b, ks.shape[1], t, ks.shape[2], dtype=ks.dtype, device=self.device))
+                spec_v.append(torch.zeros(b, vs.shape[1], t, vs.shape[2], dtype=vs.dtype, device=self.device))
+            spec_k[j - 1][bi, :, qi] = ks
+            spec_v[j - 1][bi, :, qi] = vs
+            return attn.o_proj(ctx.reshape(ctx.shape[0], -1), u[0])[None]                  # [1, N, H]
+
+        out = above(head, head.finish(residual, attend(0, attn, qs, ks, vs, u)), cos, sin, attend)[0]   # [N, H]
+        if first_call:
             self.outs.append(torch.zeros_like(self.outs[0]))
-        self.spec_k[j - 1][bi, :, qi] = ks
-        self.spec_v[j - 1][bi, :, qi] = vs
         self.outs[j][bi, qi] = out
         return out
 

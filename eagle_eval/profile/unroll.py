@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagle_eval.heads.eagle3.config import DEEP_TREES_REFUSED
+from eagle_eval.heads.protocol import above
 from eagle_eval.loop.draft import EmbedFn
 from eagle_eval.loop.tree import stable_top
 
@@ -48,39 +50,45 @@ def unroll_chains(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor
     device = token_embeds.device
     positions = torch.arange(t, device=device)[None].expand(b, t)
     q_idx = torch.arange(t, device=device)
-    scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
 
     hidden = head.fuse(aux)                      # [B, T, H]
     out = hidden                                 # step j > 0 reads the previous step's out
-    keys, values = [], []                        # step i: [B, heads, T, d] (GQA expanded)
+    keys, values = {}, {}                        # layer -> step i: [B, heads, T, d] (GQA expanded)
     logits = []
     for j in range(num_steps):
         if j > 0:                                # step j's hidden input is step j-1's out at q-1
             hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
         rope_pos = positions if j == 0 else positions + position_offset
         u, residual = head.attention_input(token_embeds, hidden, rope_pos)
-        q, k, v = attn.project(u, *head.rope(rope_pos))
-        keys.append(attn.expand_kv(k))
-        values.append(attn.expand_kv(v))
-        # scores over the real pairs (step 0's keys), s <= q - j
-        real = torch.matmul(q, keys[0].transpose(-1, -2)) * scale            # [B, h, T, T]
-        allowed = q_idx[None, :] <= (q_idx[:, None] - j)
-        if j == 0:
-            real = real.masked_fill(~allowed, float("-inf"))
-            probs = torch.softmax(real.float(), dim=-1).to(q.dtype)
-            ctx = torch.matmul(probs, values[0])
-        else:
-            # speculative entries: step i's key at position q - (j - i), i = 1..j
-            spec_k = torch.stack([_shift(keys[i], j - i) for i in range(1, j + 1)], dim=-2)
-            spec_v = torch.stack([_shift(values[i], j - i) for i in range(1, j + 1)], dim=-2)
-            spec = (q.unsqueeze(-2) * spec_k).sum(-1) * scale                # [B, h, T, j]
-            valid = q_idx >= j                                                # rows with a start
-            real = real.masked_fill(~allowed & valid[:, None], float("-inf"))
-            probs = torch.softmax(torch.cat([real, spec], dim=-1).float(), dim=-1).to(q.dtype)
-            ctx = torch.matmul(probs[..., :t], values[0]) + \
-                (probs[..., t:].unsqueeze(-1) * spec_v).sum(-2)
-        ctx = attn.o_proj(ctx.transpose(1, 2).reshape(b, t, -1), u)
-        out = head.finish(residual, ctx)
+        cos, sin = head.rope(rope_pos)
+        q, k, v = attn.project(u, cos, sin)
+
+        def attend(layer, attn, q, k, v, u, j=j):
+            """Layer `layer`'s attention of step j (every layer of a multi-layer head: the same pattern)."""
+            scale = attn.scale                   # qk_head_dim^-0.5, times mscale^2 for MLA yarn
+            keys_l, values_l = keys.setdefault(layer, []), values.setdefault(layer, [])
+            keys_l.append(attn.expand_kv(k))
+            values_l.append(attn.expand_kv(v))
+            # scores over the real pairs (step 0's keys), s <= q - j
+            real = torch.matmul(q, keys_l[0].transpose(-1, -2)) * scale          # [B, h, T, T]
+            allowed = q_idx[None, :] <= (q_idx[:, None] - j)
+            if j == 0:
+                real = real.masked_fill(~allowed, float("-inf"))
+                probs = torch.softmax(real.float(), dim=-1).to(q.dtype)
+                ctx = torch.matmul(probs, values_l[0])
+            else:
+                # speculative entries: step i's key at position q - (j - i), i = 1..j
+                spec_k = torch.stack([_shift(keys_l[i], j - i) for i in range(1, j + 1)], dim=-2)
+                spec_v = torch.stack([_shift(values_l[i], j - i) for i in range(1, j + 1)], dim=-2)
+                spec = (q.unsqueeze(-2) * spec_k).sum(-1) * scale                # [B, h, T, j]
+                valid = q_idx >= j                                                # rows with a start
+                real = real.masked_fill(~allowed & valid[:, None], float("-inf"))
+                probs = torch.softmax(torch.cat([real, spec], dim=-1).float(), dim=-1).to(q.dtype)
+                ctx = torch.matmul(probs[..., :t], values_l[0]) + \
+                    (probs[..., t:].unsqueeze(-1) * spec_v).sum(-2)
+            return attn.o_proj(ctx.transpose(1, 2).reshape(b, t, -1), u)
+
+        out = above(head, head.finish(residual, attend(0, attn, q, k, v, u)), cos, sin, attend)
         step = head.lm(out)
         logits.append(head.to_target_ids(step.argmax(-1)) if argmax_only else step.float())
         if feed is not None and j + 1 < num_steps:
@@ -116,6 +124,8 @@ def unroll_trees(head: DraftHead, aux: torch.Tensor, token_embeds: torch.Tensor,
     own ancestors and to itself, exactly as in the loop.
     """
     attn = head.attention
+    if getattr(head, "depth", 1) > 1:
+        raise ValueError(DEEP_TREES_REFUSED.format(topk=topk, depth=head.depth))
     t, device, k = token_embeds.shape[1], token_embeds.device, topk
     scale = attn.scale                           # qk_head_dim^-0.5, times mscale^2 for MLA yarn
     real_pos = torch.arange(t, device=device)[None]

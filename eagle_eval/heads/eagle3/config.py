@@ -80,6 +80,7 @@ class HeadConfig:
     mla: MLASettings | None = None        # the draft layer's attention is MLA (heads/mla/layer.py)
     parallel_drafting: bool = False       # P-EAGLE: K drafts from one forward, mask rows fed fc(mask_hidden)
     mask_token_id: int | None = None      # the token of the mask rows (read in vLLM's order: MASK_TOKEN_KEYS)
+    num_hidden_layers: int = 1            # decoder layers: the first over [embeds, hidden], the rest over H
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -101,6 +102,10 @@ class HeadConfig:
             raise ValueError("norm_before_fc / fc_norm need an fc layer (aux width k*H_t != H)")
         if self.parallel_drafting and self.mask_token_id is None:
             raise ValueError("parallel drafting needs a mask token id (" + MASK_TOKEN_REFUSAL + ")")
+        if not isinstance(self.num_hidden_layers, int) or self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers={self.num_hidden_layers!r}: a positive integer is needed")
+        if self.num_hidden_layers > 1 and self.mla is not None:
+            raise ValueError("an MLA head has one decoder layer (vLLM deepseek_eagle3.py builds one)")
         if self.parallel_drafting and self.mla is not None:
             raise ValueError("parallel drafting with an MLA head: vLLM loads mask_hidden only in llama_eagle3.py and "
                              "qwen3_eagle3.py")
@@ -125,7 +130,8 @@ class HeadConfig:
                 "rope": "interleaved (GPT-J)" if self.rope_interleaved else "neox (halves)",
                 "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,
                 "fc_bias": self.fc_bias, "attention_bias": self.attention_bias, "mlp_bias": self.mlp_bias,
-                **({"parallel_drafting": True, "mask_token_id": self.mask_token_id} if self.parallel_drafting else {})}
+                **({"parallel_drafting": True, "mask_token_id": self.mask_token_id} if self.parallel_drafting else {}),
+                **({"num_hidden_layers": self.num_hidden_layers} if self.num_hidden_layers > 1 else {})}
 
 
 # Keys head_config_from_json / load_head read, by section ("top", "layer" = the decoder-layer keys,
@@ -142,6 +148,11 @@ CONSUMED_KEYS = {
     "eagle_config": {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc",
                      "fc_norm", "norm_output"},
 }
+
+
+DEEP_TREES_REFUSED = ("--topk {topk}: a {depth}-layer draft head drafts chains only here (vLLM 0.32, which serves "
+                      "multi-layer EAGLE-3 heads, has no token tree; trees are built for one draft layer); "
+                      "use --topk 1")
 
 
 # P-EAGLE (parallel drafting): where vLLM 0.32 looks for the mask rows' token, in its order
@@ -247,22 +258,22 @@ def model_type_note(config: dict, dialect: str, config_file: Path) -> list[str]:
             "head has no MLA: unchecked whether a vLLM version treats such a draft as MLA"]
 
 
-def _check_supported(layer: dict, where: Path, speculators: bool = False, section: str = "") -> None:
-    """Values of consumed keys that select math this head does not implement."""
+def _check_supported(layer: dict, where: Path, speculators: bool = False, section: str = "") -> int:
+    """Values of consumed keys that select math this head does not implement -> num_hidden_layers (any positive
+    count: the first layer reads [embeds, hidden], the others are ordinary decoder layers, as vLLM llama_eagle3.py
+    `LlamaModel` and speculators models/eagle3/core.py `Eagle3DraftModel` build them)."""
     layers = read_key(layer, "num_hidden_layers", where, "size", 1, section)
-    if layers != 1:
-        raise CheckpointError(f"{where}: key 'num_hidden_layers' = {layers!r}; eagle-eval's head has one decoder "
-                              "layer (SGLang llama_eagle3.py LlamaModel adds BasicDecoderLayers for more)")
     if read_key(layer, "tie_word_embeddings", where, "bool", False, section):
         raise CheckpointError(f"{where}: key 'tie_word_embeddings' = true: SGLang (LlamaForCausalLMEagle3.__init__) "
                               "then uses embed_tokens [V, H] as the draft lm_head; not supported")
     model_type = read_key(layer, "model_type", where, "str", "llama", section)
     if model_type in DEEPSEEK_CONFIG_TYPES and not speculators:
-        return                       # a Llama-style head in the target's config class: see DEEPSEEK_CONFIG_TYPES
+        return layers                # a Llama-style head in the target's config class: see DEEPSEEK_CONFIG_TYPES
     if model_type not in ("llama", None):
         raise CheckpointError(f"{where}: key 'model_type' = {model_type!r}; only Llama-style draft layers are "
                               "supported (speculators model_definitions.py: qwen3 adds q/k norms; SGLang reads "
                               "intermediate_size_mlp for llama4_text)")
+    return layers
 
 
 def rope_settings(layer: dict, where: Path, section: str = "") -> tuple[float, dict | None]:
@@ -285,7 +296,7 @@ def head_config_from_json(config: dict, dialect: str, config_file: Path) -> Head
     section = "transformer_layer_config." if dialect == SPECULATORS else ""
     layer = config_need(config, "transformer_layer_config", config_file, kind="object") if dialect == SPECULATORS else config
     top = config
-    _check_supported(layer, config_file, speculators=dialect == SPECULATORS, section=section)
+    layers = _check_supported(layer, config_file, speculators=dialect == SPECULATORS, section=section)
 
     def size(key: str, default=REQUIRED, where: dict = layer, prefix: str = section):
         return read_key(where, key, config_file, "size", default, prefix)
@@ -319,6 +330,7 @@ def head_config_from_json(config: dict, dialect: str, config_file: Path) -> Head
         rope_interleaved=read_key(layer, "rope_is_neox_style", config_file, "bool", True, section) is False,
         mask_token_id=mask_token(top, config_file, vocab)[0],
         parallel_drafting=top.get("speculators_model_type") == PEAGLE,
+        num_hidden_layers=layers,
     )
     if settings["parallel_drafting"] and settings["mask_token_id"] is None:
         raise CheckpointError(f"{config_file}: missing key 'mask_token_id': speculators_model_type 'peagle' needs it "

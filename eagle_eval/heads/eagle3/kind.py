@@ -18,8 +18,8 @@ def detect(config: dict) -> str | None:
 
 
 def kv_bytes(cfg, size: int) -> int:
-    """K and V of the draft layer's kv heads, per token."""
-    return 2 * cfg.num_key_value_heads * cfg.head_dim * size
+    """K and V of the draft layers' kv heads, per token (every layer keeps its own)."""
+    return 2 * cfg.num_key_value_heads * cfg.head_dim * size * cfg.num_hidden_layers
 
 
 def meta(config: dict, config_file, dialect: str, names) -> object:

@@ -1,4 +1,5 @@
-"""The EAGLE-3 draft head: one decoder layer over (token embedding, fused target features).
+"""The EAGLE-3 draft head: a decoder layer over (token embedding, fused target features), and for a multi-layer head
+(`num_hidden_layers` > 1: the public P-EAGLE heads and speculators' examples have 4) ordinary decoder layers above it.
 
 Contract: `Eagle3Head` computes exactly the per-token math of docs/eagle3.md section 2, with an explicit
 `DraftCache`, and the variants the engines ship (`norm_before_fc`, EAGLE-3.1 `fc_norm` / `norm_output`,
@@ -38,12 +39,22 @@ class DraftCache:
     """The draft's KV cache: keys/values [B, kv_heads, T, head_dim] and their length.
 
     `real_len` counts entries computed from target features; entries past it are speculative and
-    are dropped by `rollback()` after each verify.
+    are dropped by `rollback()` after each verify. A multi-layer head keeps one more such cache per layer above the
+    first (`layer(i)`, made on first use); their lengths always equal this one's (`rollback` moves them all).
     """
 
     def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.upper: list[DraftCache] = []
+
+    def layer(self, i: int) -> "DraftCache":
+        """Layer i's cache (0: this one)."""
+        if i == 0:
+            return self
+        while len(self.upper) < i:
+            self.upper.append(DraftCache())
+        return self.upper[i - 1]
 
     def __len__(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
@@ -62,6 +73,8 @@ class DraftCache:
         if self.keys is not None:
             self.keys = self.keys[:, :, :length]
             self.values = self.values[:, :, :length]
+        for upper in self.upper:
+            upper.rollback(length)
         assert len(self) == length
 
 
@@ -87,14 +100,15 @@ class OutputProjection(nn.Linear):
 
 
 class _Attention(nn.Module):
-    def __init__(self, cfg: HeadConfig):
+    def __init__(self, cfg: HeadConfig, width: int | None = None):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(2 * h, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
-        self.v_proj = nn.Linear(2 * h, self.num_kv * d, bias=bias)
+        width = 2 * h if width is None else width          # the first layer reads [embeds, hidden]: 2H
+        self.q_proj = nn.Linear(width, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(width, self.num_kv * d, bias=bias)
+        self.v_proj = nn.Linear(width, self.num_kv * d, bias=bias)
         self.o_proj = OutputProjection(self.num_heads * d, h, bias=bias)
         self.rotate = rotate_pairs if cfg.rope_interleaved else rotate_half
         self.scale = 1.0 / math.sqrt(d)              # softmax scale (the profile in loop/draft.py reads it)
@@ -145,8 +159,22 @@ class _MidLayer(nn.Module):
         self.mlp = _MLP(cfg)
 
 
+class _DecoderLayer(nn.Module):
+    """A layer above the first of a multi-layer head: an ordinary pre-norm Llama decoder layer over H (vLLM
+    llama_eagle3.py `LlamaDecoderLayer.forward`, layer_idx > 0: qkv over hidden_size, input_layernorm of the running
+    sum; speculators models/eagle3/core.py `Eagle3DraftModel.__init__`: transformers' LlamaDecoderLayer)."""
+
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = _Attention(cfg, cfg.hidden_size)
+        self.mlp = _MLP(cfg)
+
+
 class Eagle3Head(nn.Module):
-    """Parameters named as SpecForge/SGLang name them (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`).
+    """Parameters named as SpecForge/SGLang name them (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`); the layers
+    above the first of a multi-layer head are `later.{j}.*` (checkpoint `layers.{j+1}.*`: heads/io.py `key_map`).
 
     `embed_tokens` exists only when the checkpoint carries its own table (`with_embedding=True`);
     `input_norm` [k*H_t] only with `norm_before_fc`, `fc_norm.{i}` [H_t] only with `fc_norm`, `mask_hidden`
@@ -165,6 +193,8 @@ class Eagle3Head(nn.Module):
                         if cfg.fc_norm else None)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if with_embedding else None
         self.midlayer = _MidLayer(cfg, self._attention(cfg))
+        # layers 1.. of a multi-layer head (checkpoint keys `layers.{i}.`: heads/io.py key_map); none for one layer
+        self.later = nn.ModuleList(_DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers - 1))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -189,6 +219,11 @@ class Eagle3Head(nn.Module):
     def attention(self) -> nn.Module:
         """The draft layer's attention (heads/protocol.py DraftAttention), what drafting drives."""
         return self.midlayer.self_attn
+
+    @property
+    def depth(self) -> int:
+        """The number of decoder layers (config num_hidden_layers)."""
+        return 1 + len(self.later)
 
     # -- the per-token math of docs/eagle3.md section 2 ---------------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
@@ -223,22 +258,52 @@ class Eagle3Head(nn.Module):
 
     def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """residual + attention -> out [B, T, H], the next step's hidden input: pre final norm, or after it
-        with norm_output (EAGLE-3.1)."""
+        with norm_output (EAGLE-3.1). For a multi-layer head this is the first layer's output (never normed) and
+        `above` runs the rest."""
         s = residual + attn_out
         out = s + self.midlayer.mlp(self.midlayer.post_attention_layernorm(s))
+        return self.norm(out) if self.config.norm_output and not self.later else out
+
+    def above(self, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """The layers above the first over the same rows: out [B, T, H] of `finish` -> the head's out [B, T, H];
+        the identity for a one-layer head. `attend(i, attention, q, k, v, u)` is the caller's attention of layer i
+        (its own cache for layer i, the same mask as the first layer's) -> o_proj'd output [B, T, H]; cos/sin the
+        rows' RoPE tables (`rope`), the same for every layer.
+
+        vLLM llama_eagle3.py `LlamaModel.forward` carries (hidden, residual) through `layers` with fused
+        add-RMSNorms: layer i > 0 normalises the running sum out = hidden + residual, attends, adds, and its MLP
+        adds again; `norm` of the last sum is the logits' input, and the sum itself (or its norm, with norm_output)
+        the next step's hidden input. Written here as the plain sums (speculators' LlamaDecoderLayer)."""
+        if not self.later:
+            return out
+        for i, layer in enumerate(self.later, start=1):
+            u = layer.input_layernorm(out)
+            q, k, v = layer.self_attn.project(u, cos, sin)
+            s = out + attend(i, layer.self_attn, q, k, v, u)
+            out = s + layer.mlp(layer.post_attention_layernorm(s))
         return self.norm(out) if self.config.norm_output else out
+
+    def attention_of(self, i: int) -> nn.Module:
+        """Layer i's attention (0: `attention`)."""
+        return self.attention if i == 0 else self.later[i - 1].self_attn
 
     def step(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              cache: DraftCache) -> torch.Tensor:
-        """Append T pairs to `cache` (causal among themselves, full over the cache) -> out [B, T, H]."""
+        """Append T pairs to `cache` (causal among themselves, full over the cache; every layer's) -> out [B, T, H]."""
         attn = self.midlayer.self_attn
         u, residual = self.attention_input(embeds, hidden, positions)
-        q, k, v = attn.project(u, *self.rope(positions))
+        cos, sin = self.rope(positions)
+        q, k, v = attn.project(u, cos, sin)
         past = len(cache)
         keys, values = cache.append(k, v)
         t = q.shape[2]
         mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
-        return self.finish(residual, attn.attend(q, keys, values, mask, u))
+
+        def attend(i, attention, q, k, v, u):
+            keys, values = cache.layer(i).append(k, v)
+            return attention.attend(q, keys, values, mask, u)
+
+        return self.above(self.finish(residual, attn.attend(q, keys, values, mask, u)), cos, sin, attend)
 
     def lm(self, out: torch.Tensor) -> torch.Tensor:
         """out of `finish` [B, T, H] -> draft-vocab logits [B, T, V_d] in the head's dtype: lm_head(norm(.)),

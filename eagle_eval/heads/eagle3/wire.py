@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle_eval.heads.eagle3.config import DEEP_TREES_REFUSED
 from eagle_eval.heads.wired import HeadInfo, VocabMap, Wired
 from eagle_eval.models.capture import default_hf_layers, engine_taps, resolve_aux_layers, sglang_deepseek_family
 from eagle_eval.models.target import execution_device
@@ -77,6 +78,8 @@ def wire_eagle3(settings, loaded, target, weight_checks: dict) -> Wired:
     check_sizes(loaded, target)
     spec_s, head = settings.speculation, loaded.head
     parallel = head.config.parallel_drafting          # P-EAGLE (heads/peagle/): loaded only for such a head
+    if head.config.num_hidden_layers > 1 and spec_s.topk > 1:
+        raise ConfigError(DEEP_TREES_REFUSED.format(topk=spec_s.topk, depth=head.config.num_hidden_layers))
     if parallel:
         from eagle_eval.heads.peagle import wire as peagle
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from eagle_eval.heads.eagle3.layer import DraftCache
+from eagle_eval.heads.protocol import above
 from eagle_eval.heads.peagle.slots import mask_rows
 
 MAX_KEYS = 1 << 20
@@ -43,13 +44,20 @@ def parallel_drafts(head, embed, aux: torch.Tensor, tokens: torch.Tensor, anchor
         embeds, hidden = mask_rows(head, embed, p, count)
         positions = chunk[:, None] + torch.arange(count, device=device)                             # [P, K-1]
         u, residual = head.attention_input(embeds, hidden, positions)
-        q, k, v = attn.project(u, *head.rope(positions))
-        keys = torch.cat([cache.keys.expand(p, -1, -1, -1), k], dim=2)                              # [P, kv, n-1+K-1, d]
-        values = torch.cat([cache.values.expand(p, -1, -1, -1), v], dim=2)
+        cos, sin = head.rope(positions)
+        q, k, v = attn.project(u, cos, sin)
         real = torch.arange(n - 1, device=device)[None, None, :] < chunk[:, None, None]             # pairs t < s
         own = torch.ones(count, count, dtype=torch.bool, device=device).tril()[None]                # rows j <= i
         visible = torch.cat([real.expand(p, count, n - 1), own.expand(p, -1, -1)], dim=2)           # [P, K-1, keys]
-        rest = head.logits(head.finish(residual, attn.attend(q, keys, values, visible[:, None], u))).argmax(-1)
+
+        def attend(layer, attn, q, k, v, u, p=p):
+            past = cache.layer(layer)                                # the real pairs' keys of this layer
+            keys = torch.cat([past.keys.expand(p, -1, -1, -1), k], dim=2)                           # [P, kv, n-1+K-1, d]
+            values = torch.cat([past.values.expand(p, -1, -1, -1), v], dim=2)
+            return attn.attend(q, keys, values, visible[:, None], u)
+
+        out_k = above(head, head.finish(residual, attend(0, attn, q, k, v, u)), cos, sin, attend)    # [P, K-1, H]
+        rest = head.logits(out_k).argmax(-1)
         out.append(head.to_target_ids(torch.cat([first[:, None], rest], dim=1)))
     return torch.cat(out) if out else torch.zeros(0, num_steps, dtype=torch.long, device=device)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle_eval.heads.protocol import above
 from eagle_eval.heads.peagle.slots import TREES_REFUSED, mask_rows
 
 
@@ -35,6 +36,9 @@ class ParallelRows:
         shape = (batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=self.device)
         self.values = torch.zeros(shape, dtype=dtype, device=self.device)
+        # the layers above the first of a multi-layer head: their own keys/values at the same slots
+        self.upper = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                       torch.zeros(shape, dtype=dtype, device=self.device)) for _ in range(cfg.num_hidden_layers - 1)]
         self.outs = torch.zeros(batch, capacity, cfg.hidden_size, dtype=dtype, device=self.device)
 
     def _forward(self, embeds, hidden, base: torch.Tensor, rows) -> torch.Tensor:
@@ -44,14 +48,20 @@ class ParallelRows:
         t = embeds.shape[1]
         slots = base[:, None] + torch.arange(t, device=self.device)                                # [B', T]
         u, residual = head.attention_input(embeds, hidden, slots)
-        q, k, v = attn.project(u, *head.rope(slots))
-        keys, values = self.keys[rows], self.values[rows]                                           # copies
-        index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        keys.scatter_(2, index, k)
-        values.scatter_(2, index, v)
-        self.keys[rows], self.values[rows] = keys, values
+        cos, sin = head.rope(slots)
+        q, k, v = attn.project(u, cos, sin)
         visible = torch.arange(self.capacity, device=self.device)[None, None, :] <= slots[:, :, None]  # [B', T, L]
-        return head.finish(residual, attn.attend(q, keys, values, visible[:, None], u))
+
+        def attend(layer, attn, q, k, v, u):
+            all_k, all_v = (self.keys, self.values) if layer == 0 else self.upper[layer - 1]
+            keys, values = all_k[rows], all_v[rows]                                                 # copies
+            index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            keys.scatter_(2, index, k)
+            values.scatter_(2, index, v)
+            all_k[rows], all_v[rows] = keys, values
+            return attn.attend(q, keys, values, visible[:, None], u)
+
+        return above(head, head.finish(residual, attend(0, attn, q, k, v, u)), cos, sin, attend)
 
     @torch.no_grad()
     def write(self, aux: torch.Tensor, base: torch.Tensor, rows, next_ids: torch.Tensor) -> None:
