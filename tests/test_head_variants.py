@@ -155,6 +155,15 @@ def test_variant_round_trips_each_layout(tmp_path, name, dialect):
     assert loaded.key_audit.unknown == [] and loaded.key_audit.engine_math == {}
 
 
+@pytest.mark.parametrize("dialect", ["specforge", "eagle", "speculators"])
+def test_norm_before_residual_round_trips_each_layout(tmp_path, dialect):
+    """vLLM reads `norm_before_residual` from the top of any EAGLE-3 config (llama_eagle3.py): every layout keeps it
+    (the SpecForge and EAGLE writers dropped it)."""
+    loaded = load_head(random_head(tmp_path / "h", dialect=dialect, norm_before_residual=True))
+    assert loaded.head.config.norm_before_residual is True
+    assert json.loads((tmp_path / "h" / "config.json").read_text())["norm_before_residual"] is True
+
+
 def _rewrite(path, fn):
     tensors = load_file(path / "model.safetensors")
     fn(tensors)

@@ -367,7 +367,7 @@ def save_head(head: Eagle3Head, path: str | Path, aux_layer_ids_sglang=None,
         **({"rope_is_neox_style": False} if cfg.rope_interleaved else {}),
     }
     top = {"draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
-           **{f: True for f in ("norm_before_fc", "fc_norm", "norm_output") if getattr(cfg, f)},
+           **{f: True for f in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual") if getattr(cfg, f)},
            **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {})}
     ids = list(aux_layer_ids_sglang) if aux_layer_ids_sglang is not None else None
     if (dialect == MLA) != (cfg.mla is not None):
