@@ -307,6 +307,25 @@ def test_planted_math_key_is_an_error_naming_it(tmp_path, dialect, section, key,
     assert any(name in n and "proceeding" in n for n in loaded.key_notes)
 
 
+@pytest.mark.parametrize("dialect, section", [("specforge", None), ("speculators", "transformer_layer_config")])
+def test_a_partial_rotary_factor_inside_rope_parameters_is_an_error_naming_it(tmp_path, dialect, section):
+    """transformers 5 keeps partial_rotary_factor inside rope_parameters; an engine honouring it rotates a part of
+    head_dim (speculators#613), eagle-eval rotates all of it: refused like the top-level key, neutral at 1.0."""
+    path = random_head(tmp_path / "h", dialect=dialect)
+    cfg = json.loads((path / "config.json").read_text())
+    layer = cfg[section] if section else cfg
+    layer["rope_parameters"] = {"rope_type": "default", "rope_theta": float(layer.get("rope_theta", 10000.0)),
+                                "partial_rotary_factor": 0.25}
+    layer.pop("rope_theta", None)
+    (path / "config.json").write_text(json.dumps(cfg))
+    name = (f"{section}." if section else "") + "rope_parameters.partial_rotary_factor"
+    with pytest.raises(CheckpointError, match=rf"'{name}' = 0.25.*--allow-unknown-head-keys"):
+        load_head(path)
+    layer["rope_parameters"]["partial_rotary_factor"] = 1.0
+    (path / "config.json").write_text(json.dumps(cfg))
+    assert "neutral value 1.0" in load_head(path).key_audit.harmless[name]
+
+
 # The extra keys of the Llama-style heads SpecForge ships for DeepSeek-V3-family targets (sgl-project/SpecForge
 # configs/: kimi-k2-eagle3.json @03ebe2c, kimi-k25-eagle3.json @3f9b5fc, deepseek-v3-671b-eagle3.json @c02a09a),
 # the values theirs; the shapes stay the test head's.

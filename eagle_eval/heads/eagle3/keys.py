@@ -156,6 +156,17 @@ def audit_keys(config: dict, dialect: str) -> KeyAudit:
                 audit.engine_math[name] = f"{value!r}: {spec.where}"
             else:
                 audit.unknown.append(name)
+    # transformers 5 may keep partial_rotary_factor inside rope_parameters (the rest of it is the RoPE the loader
+    # reads): an engine that honours it rotates part of head_dim (speculators#613: served acceptance ~1)
+    for prefix, section, _ in _sections(config, dialect):
+        rope = section.get("rope_parameters")
+        if isinstance(rope, dict) and "partial_rotary_factor" in rope:
+            spec, value = ENGINE_MATH["partial_rotary_factor"], rope["partial_rotary_factor"]
+            name = f"{prefix}rope_parameters.partial_rotary_factor"
+            if value in spec.neutral:
+                audit.harmless[name] = f"neutral value {value!r} ({spec.where})"
+            else:
+                audit.engine_math[name] = f"{value!r}: {spec.where}"
     return audit
 
 
